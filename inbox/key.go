@@ -1,0 +1,63 @@
+package inbox
+
+import (
+	"strconv"
+	"strings"
+	"unicode/utf8"
+)
+
+// Key names one ledger row. Scope is the operation space (a consumer group,
+// an HTTP route, or a name both share); Tenant isolates tenants (empty where
+// there are none); ID is the event ID or the Idempotency-Key.
+type Key struct {
+	Scope  string
+	Tenant string
+	ID     string
+}
+
+// MaxPartLen is the default limit, in bytes, of each part of a key.
+const MaxPartLen = 255
+
+// Validate checks the key against the limits: scope and ID non-empty, every
+// part at most maxLen bytes, valid UTF-8, no NUL byte. It returns a *KeyError.
+func (k Key) Validate(maxLen int) error {
+	if maxLen <= 0 {
+		maxLen = MaxPartLen
+	}
+	if err := checkPart("scope", k.Scope, maxLen, false); err != nil {
+		return err
+	}
+	if err := checkPart("tenant", k.Tenant, maxLen, true); err != nil {
+		return err
+	}
+	return checkPart("event_id", k.ID, maxLen, false)
+}
+
+func checkPart(field, v string, maxLen int, emptyOK bool) error {
+	switch {
+	case v == "" && !emptyOK:
+		return &KeyError{Field: field, Reason: "empty"}
+	case len(v) > maxLen:
+		return &KeyError{Field: field, Reason: "longer than " + strconv.Itoa(maxLen) + " bytes"}
+	case !utf8.ValidString(v):
+		return &KeyError{Field: field, Reason: "not valid UTF-8"}
+	case strings.IndexByte(v, 0) >= 0:
+		return &KeyError{Field: field, Reason: "contains a NUL byte"}
+	}
+	return nil
+}
+
+// Mask shortens a key for logs: the first and last four characters of an ID
+// longer than eight ("550e****0000"), stars otherwise.
+func Mask(id string) string {
+	r := []rune(id)
+	if len(r) <= 8 {
+		return strings.Repeat("*", len(r))
+	}
+	return string(r[:4]) + "****" + string(r[len(r)-4:])
+}
+
+// String returns the key with its ID masked, safe for logs.
+func (k Key) String() string {
+	return k.Scope + "/" + k.Tenant + "/" + Mask(k.ID)
+}

@@ -1,0 +1,203 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+)
+
+// Lease is a key claimed in lease mode, for effects outside the database
+// (calling a payment provider): the claim commits at once with status
+// processing, the work runs, and Complete records the result in a second
+// transaction. While the lease runs, other callers get InFlight; when it
+// expires (the holder crashed) the next caller takes the key over with a
+// larger fencing token, and the work runs again. Pass Token to downstream
+// systems so they can reject a stale holder's writes.
+type Lease struct {
+	l     *Ledger
+	req   Request
+	token int64
+	dur   time.Duration
+	start time.Time
+
+	mu   sync.Mutex
+	done bool
+}
+
+// LeaseFunc is work run under a lease; token is the lease's fencing token.
+type LeaseFunc func(ctx context.Context, token int64) (Result, error)
+
+// Acquire claims req.Key with a lease of d (Config.LeaseDuration when 0).
+// When the key is claimed it returns a *Lease and an Outcome with no
+// Disposition; otherwise a nil Lease and the Outcome (Duplicate, InFlight,
+// Mismatch), waiting up to the lock wait while the key is held.
+func (l *Ledger) Acquire(ctx context.Context, req Request, d time.Duration) (*Lease, Outcome, error) {
+	if err := l.Validate(req); err != nil {
+		return nil, Outcome{}, err
+	}
+	if d <= 0 {
+		d = l.cfg.LeaseDuration
+	}
+	var lease *Lease
+	out, err := l.withWait(ctx, req, func() (Outcome, error) {
+		rows, err := l.store.claim(ctx, l.pool, []Request{req}, l.ttl, d, l.cfg.Owner)
+		if err != nil {
+			return Outcome{}, storeErr("claim", err)
+		}
+		if rows[0].claimed {
+			lease = &Lease{l: l, req: req, token: rows[0].rec.FencingToken, dur: d, start: time.Now()}
+			return Outcome{}, nil
+		}
+		return classify(req, rows[0]), nil
+	})
+	return lease, out, err
+}
+
+// Key returns the leased key.
+func (ls *Lease) Key() Key { return ls.req.Key }
+
+// Token returns the fencing token: it only grows, across takeovers and
+// across keys.
+func (ls *Lease) Token() int64 { return ls.token }
+
+// Renew extends the lease by its duration from now. ErrLeaseLost when the
+// key was taken over, released or completed.
+func (ls *Lease) Renew(ctx context.Context) error {
+	ok, err := ls.l.store.renew(ctx, ls.l.pool, ls.req.Key, ls.token, ls.dur)
+	return ls.check(ok, err, "renew")
+}
+
+// Complete records res and marks the key done. ErrLeaseLost when the lease
+// was lost: then another holder may have run too, which is what the fencing
+// token is for.
+func (ls *Lease) Complete(ctx context.Context, res Result) error {
+	if err := ls.finish(); err != nil {
+		return err
+	}
+	ok, err := ls.l.store.leaseComplete(ctx, ls.l.pool, ls.req.Key, ls.token, res, time.Since(ls.start))
+	return ls.check(ok, err, "complete")
+}
+
+// Fail marks the key failed with cause: later callers get a Duplicate whose
+// Record has Status failed, until the key is released or expires.
+func (ls *Lease) Fail(ctx context.Context, cause error) error {
+	if err := ls.finish(); err != nil {
+		return err
+	}
+	msg := ""
+	if cause != nil {
+		msg = cause.Error()
+	}
+	ok, err := ls.l.store.leaseFail(ctx, ls.l.pool, ls.req.Key, ls.token, msg, time.Since(ls.start))
+	return ls.check(ok, err, "fail")
+}
+
+// Release gives the key up without a result, so that the next caller runs
+// the work again.
+func (ls *Lease) Release(ctx context.Context) error {
+	if err := ls.finish(); err != nil {
+		return err
+	}
+	ok, err := ls.l.store.leaseRelease(ctx, ls.l.pool, ls.req.Key, ls.token)
+	return ls.check(ok, err, "release lease")
+}
+
+func (ls *Lease) finish() error {
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.done {
+		return fmt.Errorf("%w: lease already finished", ErrLeaseLost)
+	}
+	ls.done = true
+	return nil
+}
+
+func (ls *Lease) check(ok bool, err error, op string) error {
+	if err != nil {
+		return storeErr(op, err)
+	}
+	if !ok {
+		ls.l.stats.leasesLost.Add(1)
+		return fmt.Errorf("%w: %s %s (token %d)", ErrLeaseLost, op, ls.req.Key, ls.token)
+	}
+	return nil
+}
+
+// KeepAlive renews the lease every third of its duration until stop is
+// called. lost is closed if a renewal finds the lease lost.
+func (ls *Lease) KeepAlive(ctx context.Context) (lost <-chan struct{}, stop func()) {
+	lostCh := make(chan struct{})
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		t := time.NewTicker(ls.dur / 3)
+		defer t.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+				if err := ls.Renew(ctx); errors.Is(err, ErrLeaseLost) {
+					close(lostCh)
+					return
+				}
+				// A store error is retried at the next tick; the lease
+				// still has two thirds of its time.
+			}
+		}
+	}()
+	return lostCh, func() { cancel(); wg.Wait() }
+}
+
+// DoLeased runs fn once for req.Key under a lease of d (Config.LeaseDuration
+// when 0), renewing it while fn runs. fn's context is cancelled if the lease
+// is lost. On success the result is recorded (Executed); on error or panic
+// the lease is released so a retry runs fn again, and the error is returned.
+// A crash leaves the lease to expire; the next caller then runs fn again:
+// effects outside the database are at-least-once, made safe by the fencing
+// token and by an idempotent downstream.
+func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn LeaseFunc) (Outcome, error) {
+	lease, out, err := l.Acquire(ctx, req, d)
+	if err != nil || lease == nil {
+		return out, err
+	}
+	runCtx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	lost, stop := lease.KeepAlive(runCtx)
+	go func() {
+		select {
+		case <-lost:
+			cancel()
+		case <-runCtx.Done():
+		}
+	}()
+	var res Result
+	func() {
+		ok := false
+		defer func() {
+			stop()
+			if !ok {
+				rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+				_ = lease.Release(rctx)
+				rcancel()
+			}
+		}()
+		res, err = fn(runCtx, lease.Token())
+		ok = err == nil
+	}()
+	if err != nil {
+		l.observe(req, Outcome{}, err)
+		return Outcome{}, err
+	}
+	if err := lease.Complete(ctx, res); err != nil {
+		l.observe(req, Outcome{}, err)
+		return Outcome{}, err
+	}
+	out = Outcome{Disposition: Executed, Result: res}
+	l.observe(req, out, nil)
+	return out, nil
+}

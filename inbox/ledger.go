@@ -1,0 +1,562 @@
+package inbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	mrand "math/rand/v2"
+	"os"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// Defaults.
+const (
+	DefaultTTL           = 24 * time.Hour
+	DefaultLeaseDuration = 30 * time.Second
+)
+
+// Config configures a Ledger. The zero value works: the table in the
+// connection's search_path, 24 h retention, no Redis.
+type Config struct {
+	// Schema holding processed_events (as given to migrations.Config).
+	// Empty: unqualified names, resolved through the connection's search_path.
+	Schema string
+	// DefaultTTL is how long a row is kept when a Request sets no TTL. After
+	// it the key is new again. Default 24 h.
+	DefaultTTL time.Duration
+	// MaxKeyLen limits each key part, in bytes. Default 255.
+	MaxKeyLen int
+	// LockWait is how long a call keeps trying while another caller holds
+	// the key, before answering InFlight; no connection is held while it
+	// waits. Default 0: answer InFlight at once.
+	LockWait time.Duration
+	// LeaseDuration is the default lease for lease mode. Default 30 s.
+	LeaseDuration time.Duration
+	// Owner names this process in lease rows. Default host:pid:random.
+	Owner string
+	// Redis, when set, puts a lock and a replay cache in front of Postgres.
+	// Postgres stays the arbiter. See RedisConfig.
+	Redis *RedisConfig
+	// Logger receives warnings (Redis episodes, janitor failures). Keys are
+	// masked. Nil: silent.
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() error {
+	if c.DefaultTTL == 0 {
+		c.DefaultTTL = DefaultTTL
+	}
+	if c.DefaultTTL < 0 {
+		return fmt.Errorf("%w: DefaultTTL is negative", ErrConfig)
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = MaxPartLen
+	}
+	if c.MaxKeyLen < 0 {
+		return fmt.Errorf("%w: MaxKeyLen is negative", ErrConfig)
+	}
+	if c.LeaseDuration == 0 {
+		c.LeaseDuration = DefaultLeaseDuration
+	}
+	if c.LeaseDuration < 0 {
+		return fmt.Errorf("%w: LeaseDuration is negative", ErrConfig)
+	}
+	if c.Owner == "" {
+		host, _ := os.Hostname()
+		var b [4]byte
+		_, _ = rand.Read(b[:])
+		c.Owner = fmt.Sprintf("%s:%d:%s", host, os.Getpid(), hex.EncodeToString(b[:]))
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.Redis != nil {
+		if err := c.Redis.setDefaults(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// Ledger is the dedupe ledger: each key's effect happens once, recorded in
+// processed_events in the same transaction as the effect. Safe for
+// concurrent use.
+type Ledger struct {
+	pool  *pgxpool.Pool
+	cfg   Config
+	store *pgStore
+	fast  *redisFront // nil without Redis
+	stats counters
+}
+
+// New returns a Ledger on pool. The schema must be migrated
+// (migrations.Migrator); New does not touch the database.
+func New(pool *pgxpool.Pool, cfg Config) (*Ledger, error) {
+	if pool == nil {
+		return nil, fmt.Errorf("%w: nil pool", ErrConfig)
+	}
+	if err := cfg.setDefaults(); err != nil {
+		return nil, err
+	}
+	l := &Ledger{pool: pool, cfg: cfg, store: newPGStore(cfg.Schema)}
+	if cfg.Redis != nil {
+		l.fast = newRedisFront(*cfg.Redis, cfg.Logger, &l.stats)
+	}
+	return l, nil
+}
+
+// Pool returns the pool the ledger runs on.
+func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }
+
+// TxFunc is a handler run inside the ledger's transaction. Its writes
+// through tx commit together with the ledger row, or not at all. It must not
+// commit or roll back tx; return an error to roll back.
+type TxFunc func(ctx context.Context, tx pgx.Tx) (Result, error)
+
+func (l *Ledger) ttl(r Request) time.Duration {
+	if r.TTL > 0 {
+		return r.TTL
+	}
+	return l.cfg.DefaultTTL
+}
+
+func (l *Ledger) lockWait(r Request) time.Duration {
+	switch {
+	case r.LockWait < 0:
+		return 0
+	case r.LockWait > 0:
+		return r.LockWait
+	}
+	return l.cfg.LockWait
+}
+
+// Validate checks a request's key and TTL without touching the database.
+func (l *Ledger) Validate(r Request) error {
+	if err := r.Key.Validate(l.cfg.MaxKeyLen); err != nil {
+		return err
+	}
+	if r.TTL < 0 {
+		return &KeyError{Field: "ttl", Reason: "negative"}
+	}
+	return nil
+}
+
+// Do runs fn once for req.Key, inside a transaction that also claims the
+// key in processed_events:
+//
+//	BEGIN; claim; fn(ctx, tx); record result; COMMIT
+//
+// BEGIN travels with the claim and the result with COMMIT, so the ledger
+// adds no round trip to the handler's own.
+//
+// The Outcome says what happened: Executed (fn ran and committed), Duplicate
+// (done before; Outcome.Result is the stored result), InFlight (another
+// caller holds the key now), Mismatch (known with another fingerprint).
+// When fn returns an error or panics, the transaction rolls back, nothing is
+// recorded, and the error is returned as is (a panic is re-raised after the
+// rollback): a retry runs fn again. Database failures are *StoreError
+// (errors.Is ErrStore); ErrCommitUnknown means the commit's fate is unknown
+// and a retry is safe.
+func (l *Ledger) Do(ctx context.Context, req Request, fn TxFunc) (Outcome, error) {
+	if err := l.Validate(req); err != nil {
+		return Outcome{}, err
+	}
+	return l.withWait(ctx, req, func() (Outcome, error) {
+		if l.fast != nil {
+			return l.fast.do(ctx, l, req, func() (Outcome, error) { return l.doOnce(ctx, req, fn) })
+		}
+		return l.doOnce(ctx, req, fn)
+	})
+}
+
+// withWait repeats op while it answers InFlight, until the lock wait runs
+// out, with jittered backoff and no connection held.
+func (l *Ledger) withWait(ctx context.Context, req Request, op func() (Outcome, error)) (Outcome, error) {
+	wait := l.lockWait(req)
+	deadline := time.Now().Add(wait)
+	backoff := 2 * time.Millisecond
+	for {
+		out, err := op()
+		if err != nil || out.Disposition != InFlight || wait <= 0 || time.Now().After(deadline) {
+			l.observe(req, out, err)
+			return out, err
+		}
+		sleep := backoff/2 + mrand.N(backoff)
+		if rem := time.Until(deadline); sleep > rem {
+			sleep = rem
+		}
+		t := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			l.observe(req, out, nil)
+			return out, nil
+		case <-t.C:
+		}
+		if backoff < 100*time.Millisecond {
+			backoff *= 2
+		}
+	}
+}
+
+func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcome, err error) {
+	pc, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return Outcome{}, storeErr("acquire", err)
+	}
+	defer pc.Release() // a connection left inside a transaction is destroyed, not reused
+	conn := pc.Conn()
+
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	reqs := []Request{req}
+	b.Queue(l.store.claimSQL, claimArgs(reqs, l.ttl, 0, "")...)
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	var rows []claimRow
+	if err == nil {
+		var qr pgx.Rows
+		qr, err = br.Query()
+		if err == nil {
+			rows, err = l.store.collectClaim(qr, reqs)
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		rollback(conn)
+		return Outcome{}, storeErr("claim", err)
+	}
+	cr := rows[0]
+	if !cr.claimed {
+		rollback(conn)
+		return classify(req, cr), nil
+	}
+
+	start := time.Now()
+	res, err := runHandler(ctx, conn, fn)
+	if err != nil {
+		return Outcome{}, err
+	}
+	if err := l.commit(ctx, conn, func(b *pgx.Batch) { l.store.queueComplete(b, req.Key, res, time.Since(start)) }); err != nil {
+		return Outcome{}, err
+	}
+	rec := cr.rec
+	rec.Result = res
+	return Outcome{Disposition: Executed, Result: res, Record: rec}, nil
+}
+
+// runHandler runs fn in the owned transaction; on error or panic it rolls
+// back (and re-panics).
+func runHandler(ctx context.Context, conn *pgx.Conn, fn TxFunc) (res Result, err error) {
+	ok := false
+	defer func() {
+		if !ok {
+			rollback(conn)
+		}
+	}()
+	res, err = fn(ctx, &ownedTx{conn: conn})
+	ok = err == nil
+	return res, err
+}
+
+// commit sends the queued completion statements and COMMIT in one round
+// trip.
+func (l *Ledger) commit(ctx context.Context, conn *pgx.Conn, queue func(*pgx.Batch)) error {
+	b := &pgx.Batch{}
+	queue(b)
+	b.Queue("COMMIT")
+	err := conn.SendBatch(ctx, b).Close()
+	if err == nil {
+		return nil
+	}
+	if conn.PgConn().TxStatus() != 'I' {
+		rollback(conn)
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) {
+		return storeErr("commit", err)
+	}
+	return &StoreError{Op: "commit", Err: fmt.Errorf("%w: %w", ErrCommitUnknown, err)}
+}
+
+// rollback ends the connection's transaction; when that fails the
+// connection is closed, which also ends it (the pool drops closed
+// connections and ones left inside a transaction).
+func rollback(conn *pgx.Conn) {
+	if conn.IsClosed() || conn.PgConn().TxStatus() == 'I' {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+		_ = conn.Close(ctx)
+	}
+}
+
+// classify turns an unclaimed claim row into an Outcome.
+func classify(req Request, cr claimRow) Outcome {
+	rec := cr.rec
+	switch {
+	case rec == nil || !cr.live:
+		// Another caller holds the key's lock (or is taking over an expired
+		// row): its row is not visible yet.
+		return Outcome{Disposition: InFlight, Record: rec}
+	case fingerprintDiffers(req.Fingerprint, rec.Fingerprint):
+		return Outcome{Disposition: Mismatch, Record: rec}
+	case rec.Status == StatusProcessing:
+		return Outcome{Disposition: InFlight, Record: rec}
+	default:
+		return Outcome{Disposition: Duplicate, Record: rec, Result: rec.Result}
+	}
+}
+
+func fingerprintDiffers(a, b []byte) bool {
+	return a != nil && b != nil && string(a) != string(b)
+}
+
+func claimArgs(reqs []Request, ttl func(Request) time.Duration, lease time.Duration, owner string) []any {
+	n := len(reqs)
+	scopes, tenants, ids := make([]string, n), make([]string, n), make([]string, n)
+	fps := make([][]byte, n)
+	sources, principals := make([]string, n), make([]string, n)
+	ttls, locks := make([]int64, n), make([]int64, n)
+	for i, r := range reqs {
+		scopes[i], tenants[i], ids[i] = r.Scope, r.Tenant, r.ID
+		fps[i] = r.Fingerprint
+		sources[i], principals[i] = string(r.Source), r.Principal
+		ttls[i] = ttl(r).Microseconds()
+		locks[i] = lockKey(r.Key)
+	}
+	return []any{scopes, tenants, ids, fps, sources, principals, ttls, locks, lease.Microseconds(), owner}
+}
+
+// DoTx is Do inside a transaction the caller already has open: it claims
+// the key in tx, runs fn with tx, and records the result in tx. It neither
+// commits nor rolls back: the caller does. If DoTx returns an error, roll tx
+// back (the claim is part of it). A Duplicate, InFlight or Mismatch leaves
+// tx usable and unchanged.
+func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, req Request, fn TxFunc) (Outcome, error) {
+	if err := l.Validate(req); err != nil {
+		return Outcome{}, err
+	}
+	reqs := []Request{req}
+	rows, err := l.store.claim(ctx, tx, reqs, l.ttl, 0, "")
+	if err != nil {
+		return Outcome{}, storeErr("claim", err)
+	}
+	if !rows[0].claimed {
+		out := classify(req, rows[0])
+		l.observe(req, out, nil)
+		return out, nil
+	}
+	start := time.Now()
+	res, err := fn(ctx, tx)
+	if err != nil {
+		l.observe(req, Outcome{}, err)
+		return Outcome{}, err
+	}
+	if err := l.store.complete(ctx, tx, req.Key, res, time.Since(start)); err != nil {
+		return Outcome{}, storeErr("complete", err)
+	}
+	out := Outcome{Disposition: Executed, Result: res}
+	l.observe(req, out, nil)
+	return out, nil
+}
+
+// BatchFunc runs the new requests of a batch in one transaction. fresh
+// holds the indexes (into the requests given to DoBatch) of the keys claimed
+// now; it is never empty. It returns one Result per fresh index, in the same
+// order, or nil when there is nothing to record.
+type BatchFunc func(ctx context.Context, tx pgx.Tx, fresh []int) ([]Result, error)
+
+// DoBatch claims every request in one statement, runs fn once with the new
+// ones in the same transaction, and commits once: one round trip to claim,
+// the handler's, one to record and commit. It returns one Outcome per
+// request. A key repeated within the batch runs once; its later copies are
+// Duplicates. If fn fails the whole batch rolls back and the error is
+// returned; run the requests one by one with Do to isolate a poison message.
+func (l *Ledger) DoBatch(ctx context.Context, reqs []Request, fn BatchFunc) ([]Outcome, error) {
+	outs := make([]Outcome, len(reqs))
+	if len(reqs) == 0 {
+		return outs, nil
+	}
+	// Unique keys, in first-seen order; copies point at their first.
+	first := make(map[Key]int, len(reqs))
+	var uniq []Request
+	var uniqIdx []int // uniq position -> reqs index
+	for i, r := range reqs {
+		if err := l.Validate(r); err != nil {
+			return nil, fmt.Errorf("request %d: %w", i, err)
+		}
+		if _, ok := first[r.Key]; !ok {
+			first[r.Key] = len(uniq)
+			uniq = append(uniq, r)
+			uniqIdx = append(uniqIdx, i)
+		}
+	}
+
+	pc, err := l.pool.Acquire(ctx)
+	if err != nil {
+		return nil, storeErr("acquire", err)
+	}
+	defer pc.Release()
+	conn := pc.Conn()
+
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(l.store.claimSQL, claimArgs(uniq, l.ttl, 0, "")...)
+	br := conn.SendBatch(ctx, b)
+	_, err = br.Exec()
+	var rows []claimRow
+	if err == nil {
+		var qr pgx.Rows
+		if qr, err = br.Query(); err == nil {
+			rows, err = l.store.collectClaim(qr, uniq)
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err != nil {
+		rollback(conn)
+		return nil, storeErr("claim", err)
+	}
+
+	var fresh []int
+	for u, cr := range rows {
+		if cr.claimed {
+			fresh = append(fresh, uniqIdx[u])
+		} else {
+			outs[uniqIdx[u]] = classify(uniq[u], cr)
+		}
+	}
+	if len(fresh) == 0 {
+		rollback(conn)
+	} else {
+		start := time.Now()
+		var results []Result
+		_, err := runHandler(ctx, conn, func(ctx context.Context, tx pgx.Tx) (Result, error) {
+			var err error
+			results, err = fn(ctx, tx, fresh)
+			return Result{}, err
+		})
+		if err != nil {
+			return nil, err
+		}
+		if results != nil && len(results) != len(fresh) {
+			rollback(conn)
+			return nil, fmt.Errorf("justonce/inbox: batch handler returned %d results for %d requests", len(results), len(fresh))
+		}
+		d := time.Since(start) / time.Duration(len(fresh))
+		err = l.commit(ctx, conn, func(b *pgx.Batch) {
+			for j, i := range fresh {
+				var res Result
+				if results != nil {
+					res = results[j]
+				}
+				if !res.IsZero() {
+					l.store.queueComplete(b, reqs[i].Key, res, d)
+				}
+			}
+		})
+		if err != nil {
+			return nil, err
+		}
+		for j, i := range fresh {
+			outs[i] = Outcome{Disposition: Executed}
+			if results != nil {
+				outs[i].Result = results[j]
+			}
+		}
+	}
+	// Copies within the batch answer like a duplicate of their first.
+	for i, r := range reqs {
+		f := uniqIdx[first[r.Key]]
+		if f == i {
+			continue
+		}
+		o := outs[f]
+		if o.Disposition == Executed {
+			o = Outcome{Disposition: Duplicate, Result: o.Result}
+		}
+		outs[i] = o
+	}
+	for i, r := range reqs {
+		l.observe(r, outs[i], nil)
+	}
+	return outs, nil
+}
+
+// Lookup returns the live row for k, or ErrNotFound (absent or expired).
+func (l *Ledger) Lookup(ctx context.Context, k Key) (*Record, error) {
+	if err := k.Validate(l.cfg.MaxKeyLen); err != nil {
+		return nil, err
+	}
+	rec, live, err := l.store.lookup(ctx, l.pool, k)
+	if err != nil {
+		return nil, storeErr("lookup", err)
+	}
+	if rec == nil || !live {
+		return nil, ErrNotFound
+	}
+	return rec, nil
+}
+
+// Release deletes k's row whatever its state, so the key is new again: the
+// operator's tool for a stuck key. It also drops the key from the Redis
+// replay cache. It reports whether a row was there. When the cache could not
+// be invalidated the row is still released and the error says so.
+func (l *Ledger) Release(ctx context.Context, k Key) (bool, error) {
+	if err := k.Validate(l.cfg.MaxKeyLen); err != nil {
+		return false, err
+	}
+	ok, err := l.store.release(ctx, l.pool, k)
+	if err != nil {
+		return false, storeErr("release", err)
+	}
+	if l.fast != nil {
+		if err := l.fast.invalidate(ctx, k); err != nil {
+			return ok, err
+		}
+	}
+	return ok, nil
+}
+
+// RecordFailure marks req's key failed (a consumer gave up on it and
+// dead-lettered it), with the error text and the number of attempts. A key
+// already done is left as it is, and RecordFailure reports false. Later
+// deliveries of a failed key answer Duplicate with the Record's Status
+// failed, until it is released or expires.
+func (l *Ledger) RecordFailure(ctx context.Context, req Request, attempts int, cause error) (bool, error) {
+	if err := l.Validate(req); err != nil {
+		return false, err
+	}
+	msg := ""
+	if cause != nil {
+		msg = cause.Error()
+	}
+	ok, err := l.store.fail(ctx, l.pool, req, attempts, msg, l.ttl(req))
+	if err != nil {
+		return false, storeErr("record failure", err)
+	}
+	if l.fast != nil {
+		_ = l.fast.invalidate(ctx, req.Key)
+	}
+	return ok, nil
+}
+
+// Stats returns live rows by scope and status, with the oldest lease of the
+// processing ones.
+func (l *Ledger) Stats(ctx context.Context) ([]ScopeStats, error) {
+	st, err := l.store.stats(ctx, l.pool)
+	return st, storeErr("stats", err)
+}

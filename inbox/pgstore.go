@@ -1,0 +1,357 @@
+package inbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"hash/fnv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// pgStore holds every SQL statement of the ledger. The ledger logic speaks to
+// it in verbs (claim, complete, renew, ...); another backend would implement
+// the same verbs.
+type pgStore struct {
+	table string // quoted, schema-qualified when a schema is configured
+	seq   string // quoted fencing sequence
+
+	claimSQL, lookupSQL, completeSQL                     string
+	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
+	releaseSQL, failSQL, purgeSQL, statsSQL              string
+}
+
+// querier is what pgx.Tx, *pgx.Conn and *pgxpool.Pool have in common.
+type querier interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+}
+
+func newPGStore(schema string) *pgStore {
+	ident := func(name string) string {
+		if schema == "" {
+			return pgx.Identifier{name}.Sanitize()
+		}
+		return pgx.Identifier{schema, name}.Sanitize()
+	}
+	s := &pgStore{table: ident("processed_events"), seq: ident("processed_events_fencing_seq")}
+	r := strings.NewReplacer("{T}", s.table, "{SEQ}", s.seq)
+
+	// recordCols lists a row's columns under an alias, in scanRecord order.
+	cols := func(a string) string {
+		return strings.ReplaceAll(`x.status, x.fingerprint, x.source, x.principal, x.lease_owner, x.lease_until,
+		x.fencing_token, x.attempts, x.response_code, x.response_headers, x.response_body, x.error,
+		x.duration_us, x.created_at, x.completed_at, x.expires_at, x.expires_at > now(), x.lease_until > now()`, "x.", a+".")
+	}
+
+	// claim: one statement for one key or a whole batch, transactional or
+	// lease mode. A per-key advisory try-lock makes a concurrent claimer
+	// answer at once instead of waiting on the unique index. A row whose
+	// retention expired, or a lease-mode row whose lease expired (same
+	// fingerprint), is taken over. The statement returns, per input, either
+	// the claimed row or the existing one (NULL columns when none is visible).
+	s.claimSQL = r.Replace(`
+WITH u AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::bigint[], $8::bigint[])
+		WITH ORDINALITY AS u(scope, tenant, event_id, fingerprint, source, principal, ttl_us, lock_key, ord)
+), ins AS (
+	INSERT INTO {T} AS t (scope, tenant, event_id, status, fingerprint, source, principal,
+		lease_owner, lease_until, fencing_token, attempts, created_at, completed_at, expires_at)
+	SELECT u.scope, u.tenant, u.event_id,
+		CASE WHEN $9::bigint > 0 THEN 'processing' ELSE 'done' END,
+		u.fingerprint, u.source, u.principal,
+		CASE WHEN $9::bigint > 0 THEN $10::text END,
+		CASE WHEN $9::bigint > 0 THEN now() + $9::bigint * interval '1 microsecond' END,
+		CASE WHEN $9::bigint > 0 THEN nextval('{SEQ}') ELSE 0 END,
+		1, now(),
+		CASE WHEN $9::bigint > 0 THEN NULL ELSE now() END,
+		now() + u.ttl_us * interval '1 microsecond'
+	FROM u
+	WHERE pg_try_advisory_xact_lock(u.lock_key)
+	ORDER BY u.ord
+	ON CONFLICT (scope, tenant, event_id) DO UPDATE SET
+		status = EXCLUDED.status, fingerprint = EXCLUDED.fingerprint, source = EXCLUDED.source,
+		principal = EXCLUDED.principal, lease_owner = EXCLUDED.lease_owner,
+		lease_until = EXCLUDED.lease_until, fencing_token = EXCLUDED.fencing_token,
+		attempts = CASE WHEN t.expires_at <= now() THEN 1 ELSE t.attempts + 1 END,
+		response_code = NULL, response_headers = NULL, response_body = NULL, error = NULL,
+		duration_us = NULL, created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at,
+		expires_at = EXCLUDED.expires_at
+	WHERE t.expires_at <= now()
+		OR (t.status = 'processing' AND t.lease_until <= now()
+			AND (EXCLUDED.fingerprint IS NULL OR t.fingerprint IS NULL OR t.fingerprint = EXCLUDED.fingerprint))
+	RETURNING t.scope, t.tenant, t.event_id, `+cols("t")+`
+)
+SELECT u.ord, true, `+cols("ins")+`
+	FROM u JOIN ins ON ins.scope = u.scope AND ins.tenant = u.tenant AND ins.event_id = u.event_id
+UNION ALL
+SELECT u.ord, false, `+cols("e")+`
+	FROM u LEFT JOIN {T} e ON e.scope = u.scope AND e.tenant = u.tenant AND e.event_id = u.event_id
+	WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.scope = u.scope AND ins.tenant = u.tenant AND ins.event_id = u.event_id)`)
+
+	s.lookupSQL = r.Replace(`SELECT ` + cols("e") + ` FROM {T} e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3`)
+
+	s.completeSQL = r.Replace(`UPDATE {T} SET response_code = $4, response_headers = $5, response_body = $6,
+		completed_at = clock_timestamp(), duration_us = $7
+		WHERE scope = $1 AND tenant = $2 AND event_id = $3`)
+
+	s.renewSQL = r.Replace(`UPDATE {T} SET lease_until = now() + $5::bigint * interval '1 microsecond'
+		WHERE scope = $1 AND tenant = $2 AND event_id = $3 AND fencing_token = $4 AND status = 'processing'`)
+
+	s.leaseCompleteSQL = r.Replace(`UPDATE {T} SET status = 'done', response_code = $5, response_headers = $6,
+		response_body = $7, duration_us = $8, completed_at = now(), lease_until = NULL
+		WHERE scope = $1 AND tenant = $2 AND event_id = $3 AND fencing_token = $4 AND status = 'processing'`)
+
+	s.leaseFailSQL = r.Replace(`UPDATE {T} SET status = 'failed', error = $5, duration_us = $6,
+		completed_at = now(), lease_until = NULL
+		WHERE scope = $1 AND tenant = $2 AND event_id = $3 AND fencing_token = $4 AND status = 'processing'`)
+
+	s.leaseDelSQL = r.Replace(`DELETE FROM {T}
+		WHERE scope = $1 AND tenant = $2 AND event_id = $3 AND fencing_token = $4 AND status = 'processing'`)
+
+	s.releaseSQL = r.Replace(`DELETE FROM {T} WHERE scope = $1 AND tenant = $2 AND event_id = $3`)
+
+	// failSQL records a dead-lettered event as failed, unless it is done.
+	s.failSQL = r.Replace(`INSERT INTO {T} AS t (scope, tenant, event_id, status, fingerprint, source, principal,
+		attempts, error, completed_at, expires_at)
+	VALUES ($1, $2, $3, 'failed', $4, $5, $6, $7, $8, now(), now() + $9::bigint * interval '1 microsecond')
+	ON CONFLICT (scope, tenant, event_id) DO UPDATE SET status = 'failed', error = EXCLUDED.error,
+		attempts = EXCLUDED.attempts, completed_at = now(), lease_until = NULL, expires_at = EXCLUDED.expires_at
+	WHERE t.status <> 'done' OR t.expires_at <= now()`)
+
+	// purgeSQL deletes one batch of expired rows, oldest first, if this
+	// instance holds the janitor lock; rows locked by others are skipped.
+	s.purgeSQL = r.Replace(`
+WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1) AS ok),
+d AS (
+	DELETE FROM {T} WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM {T}
+		WHERE (SELECT ok FROM l) AND expires_at <= now()
+			AND (status <> 'processing' OR lease_until IS NULL OR lease_until <= now())
+		ORDER BY expires_at LIMIT $2
+		FOR UPDATE SKIP LOCKED))
+	RETURNING 1
+)
+SELECT (SELECT ok FROM l), count(*) FROM d`)
+
+	s.statsSQL = r.Replace(`SELECT scope, status, count(*), min(lease_until) FILTER (WHERE status = 'processing')
+		FROM {T} WHERE expires_at > now() GROUP BY scope, status ORDER BY scope, status`)
+	return s
+}
+
+// lockKey is the advisory lock a claim takes for a key: FNV-1a 64 over the
+// length-prefixed parts, so ("a:b","c") and ("a","b:c") differ.
+func lockKey(k Key) int64 {
+	h := fnv.New64a()
+	for _, p := range [3]string{k.Scope, k.Tenant, k.ID} {
+		fmt.Fprintf(h, "%d:", len(p))
+		h.Write([]byte(p))
+	}
+	return int64(h.Sum64())
+}
+
+// janitorLockKey is the advisory lock that lets one janitor run at a time
+// per table.
+func (s *pgStore) janitorLockKey() int64 {
+	h := fnv.New64a()
+	h.Write([]byte("justonce.janitor:" + s.table))
+	return int64(h.Sum64())
+}
+
+// claimRow is one row of the claim statement's answer.
+type claimRow struct {
+	ord     int64
+	claimed bool
+	rec     *Record // nil when no row is visible
+	live    bool    // retention not expired
+	leased  bool    // lease still running
+}
+
+// claim runs the claim statement on q for reqs (keys already validated and
+// unique), returning one claimRow per request in order.
+func (s *pgStore) claim(ctx context.Context, q querier, reqs []Request, ttl func(Request) time.Duration, lease time.Duration, owner string) ([]claimRow, error) {
+	rows, err := q.Query(ctx, s.claimSQL, claimArgs(reqs, ttl, lease, owner)...)
+	if err != nil {
+		return nil, err
+	}
+	return s.collectClaim(rows, reqs)
+}
+
+func (s *pgStore) collectClaim(rows pgx.Rows, reqs []Request) ([]claimRow, error) {
+	defer rows.Close()
+	out := make([]claimRow, len(reqs))
+	for rows.Next() {
+		var cr claimRow
+		var sc recordScan
+		dest := append([]any{&cr.ord, &cr.claimed}, sc.dest()...)
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
+		}
+		i := int(cr.ord) - 1
+		if i < 0 || i >= len(reqs) {
+			return nil, fmt.Errorf("claim returned ordinal %d of %d", cr.ord, len(reqs))
+		}
+		cr.rec, cr.live, cr.leased = sc.record(reqs[i].Key)
+		out[i] = cr
+	}
+	return out, rows.Err()
+}
+
+// recordScan receives a row's columns, every one nullable.
+type recordScan struct {
+	status, source, principal, leaseOwner, errText *string
+	fingerprint, body                              []byte
+	leaseUntil, createdAt, completedAt, expiresAt  *time.Time
+	token, durationUS                              *int64
+	attempts, code                                 *int32
+	header                                         map[string][]string
+	live, leaseLive                                *bool
+}
+
+func (r *recordScan) dest() []any {
+	return []any{&r.status, &r.fingerprint, &r.source, &r.principal, &r.leaseOwner, &r.leaseUntil,
+		&r.token, &r.attempts, &r.code, &r.header, &r.body, &r.errText,
+		&r.durationUS, &r.createdAt, &r.completedAt, &r.expiresAt, &r.live, &r.leaseLive}
+}
+
+// record builds the Record, or nil when the row was absent.
+func (r *recordScan) record(k Key) (rec *Record, live, leased bool) {
+	if r.status == nil {
+		return nil, false, false
+	}
+	rec = &Record{
+		Key:          k,
+		Status:       Status(*r.status),
+		Fingerprint:  r.fingerprint,
+		Source:       Source(deref(r.source)),
+		Principal:    deref(r.principal),
+		LeaseOwner:   deref(r.leaseOwner),
+		LeaseUntil:   derefTime(r.leaseUntil),
+		FencingToken: deref(r.token),
+		Attempts:     int(deref(r.attempts)),
+		Result:       Result{Code: int(deref(r.code)), Header: r.header, Body: r.body},
+		Error:        deref(r.errText),
+		Duration:     time.Duration(deref(r.durationUS)) * time.Microsecond,
+		CreatedAt:    derefTime(r.createdAt),
+		CompletedAt:  derefTime(r.completedAt),
+		ExpiresAt:    derefTime(r.expiresAt),
+	}
+	return rec, deref(r.live), deref(r.leaseLive)
+}
+
+func deref[T any](p *T) T {
+	var zero T
+	if p == nil {
+		return zero
+	}
+	return *p
+}
+
+func derefTime(p *time.Time) time.Time { return deref(p) }
+
+// lookup returns the row for k whatever its expiry (nil when absent), and
+// whether it is live.
+func (s *pgStore) lookup(ctx context.Context, q querier, k Key) (*Record, bool, error) {
+	var sc recordScan
+	err := q.QueryRow(ctx, s.lookupSQL, k.Scope, k.Tenant, k.ID).Scan(sc.dest()...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, err
+	}
+	rec, live, _ := sc.record(k)
+	return rec, live, nil
+}
+
+// queueComplete adds the statement that stores a transactional-mode result.
+func (s *pgStore) queueComplete(b *pgx.Batch, k Key, res Result, d time.Duration) {
+	b.Queue(s.completeSQL, k.Scope, k.Tenant, k.ID, nullCode(res.Code), nullHeader(res.Header), res.Body, d.Microseconds())
+}
+
+func (s *pgStore) complete(ctx context.Context, q querier, k Key, res Result, d time.Duration) error {
+	_, err := q.Exec(ctx, s.completeSQL, k.Scope, k.Tenant, k.ID, nullCode(res.Code), nullHeader(res.Header), res.Body, d.Microseconds())
+	return err
+}
+
+func (s *pgStore) renew(ctx context.Context, q querier, k Key, token int64, lease time.Duration) (bool, error) {
+	tag, err := q.Exec(ctx, s.renewSQL, k.Scope, k.Tenant, k.ID, token, lease.Microseconds())
+	return tag.RowsAffected() == 1, err
+}
+
+func (s *pgStore) leaseComplete(ctx context.Context, q querier, k Key, token int64, res Result, d time.Duration) (bool, error) {
+	tag, err := q.Exec(ctx, s.leaseCompleteSQL, k.Scope, k.Tenant, k.ID, token, nullCode(res.Code), nullHeader(res.Header), res.Body, d.Microseconds())
+	return tag.RowsAffected() == 1, err
+}
+
+func (s *pgStore) leaseFail(ctx context.Context, q querier, k Key, token int64, msg string, d time.Duration) (bool, error) {
+	tag, err := q.Exec(ctx, s.leaseFailSQL, k.Scope, k.Tenant, k.ID, token, msg, d.Microseconds())
+	return tag.RowsAffected() == 1, err
+}
+
+func (s *pgStore) leaseRelease(ctx context.Context, q querier, k Key, token int64) (bool, error) {
+	tag, err := q.Exec(ctx, s.leaseDelSQL, k.Scope, k.Tenant, k.ID, token)
+	return tag.RowsAffected() == 1, err
+}
+
+func (s *pgStore) release(ctx context.Context, q querier, k Key) (bool, error) {
+	tag, err := q.Exec(ctx, s.releaseSQL, k.Scope, k.Tenant, k.ID)
+	return tag.RowsAffected() == 1, err
+}
+
+func (s *pgStore) fail(ctx context.Context, q querier, r Request, attempts int, msg string, ttl time.Duration) (bool, error) {
+	tag, err := q.Exec(ctx, s.failSQL, r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal, attempts, msg, ttl.Microseconds())
+	return tag.RowsAffected() == 1, err
+}
+
+// purge deletes up to limit expired rows; locked is false when another
+// janitor holds the lock.
+func (s *pgStore) purge(ctx context.Context, q querier, limit int) (n int64, locked bool, err error) {
+	err = q.QueryRow(ctx, s.purgeSQL, s.janitorLockKey(), limit).Scan(&locked, &n)
+	return n, locked, err
+}
+
+// ScopeStats is one line of Ledger.Stats: live rows of one scope and status.
+type ScopeStats struct {
+	Scope  string
+	Status Status
+	Rows   int64
+	// OldestLease is the earliest lease_until among processing rows (zero
+	// when none): a lease far in the past is a stuck key.
+	OldestLease time.Time
+}
+
+func (s *pgStore) stats(ctx context.Context, q querier) ([]ScopeStats, error) {
+	rows, err := q.Query(ctx, s.statsSQL)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (ScopeStats, error) {
+		var st ScopeStats
+		var status string
+		var oldest *time.Time
+		err := row.Scan(&st.Scope, &status, &st.Rows, &oldest)
+		st.Status = Status(status)
+		st.OldestLease = derefTime(oldest)
+		return st, err
+	})
+}
+
+func nullCode(c int) *int32 {
+	if c == 0 {
+		return nil
+	}
+	v := int32(c)
+	return &v
+}
+
+func nullHeader(h map[string][]string) any {
+	if len(h) == 0 {
+		return nil
+	}
+	return h
+}

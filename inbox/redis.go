@@ -1,0 +1,280 @@
+package inbox
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"net/url"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// RedisConfig puts Redis in front of the ledger: a lock, so concurrent
+// duplicates are turned away in one Redis round trip without taking a
+// Postgres connection, and a replay cache, so a duplicate is answered in one
+// Redis round trip. Postgres stays the arbiter: when Redis is down, slow or
+// failing, every call goes on through Postgres alone (counted in
+// Counters.RedisFallbacks and logged once per episode). Dedupe is never
+// skipped.
+type RedisConfig struct {
+	// Client is a single node, Sentinel or Cluster client. Set its
+	// ContextTimeoutEnabled option so that Timeout bounds socket reads.
+	Client redis.UniversalClient
+	// Prefix of every key. Default "justonce:". Keys are
+	// <prefix>{<hash>}:<scope>:<tenant>:<id>:lock|res, the hash tag keeping
+	// a key's lock and cached result on one Cluster slot.
+	Prefix string
+	// Timeout of each Redis call. Default 50 ms.
+	Timeout time.Duration
+	// LockTTL is the lock's lifetime; it is extended every third of it
+	// while the handler runs, and a crashed holder's lock lapses after it.
+	// Default 10 s.
+	LockTTL time.Duration
+	// MaxCachedBytes: results whose encoding is larger are not cached
+	// (Postgres serves them); nothing is truncated. Default 64 KiB.
+	MaxCachedBytes int
+}
+
+func (c *RedisConfig) setDefaults() error {
+	if c.Client == nil {
+		return fmt.Errorf("%w: Redis.Client is nil", ErrConfig)
+	}
+	if c.Prefix == "" {
+		c.Prefix = "justonce:"
+	}
+	if c.Timeout <= 0 {
+		c.Timeout = 50 * time.Millisecond
+	}
+	if c.LockTTL <= 0 {
+		c.LockTTL = 10 * time.Second
+	}
+	if c.MaxCachedBytes == 0 {
+		c.MaxCachedBytes = 64 << 10
+	}
+	return nil
+}
+
+// acquireScript answers from the cache, or takes the lock, in one round
+// trip: {1, value} cached; {2} locked by us; {3} someone else holds it.
+var acquireScript = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v then return {1, v} end
+if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
+return {3}`)
+
+// finishScript stores the result (when given) and releases our lock.
+var finishScript = redis.NewScript(`
+if ARGV[2] ~= '' then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end
+if redis.call('GET', KEYS[2]) == ARGV[1] then return redis.call('DEL', KEYS[2]) end
+return 0`)
+
+// extendScript extends our lock; 0 when it is not ours any more.
+var extendScript = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then return redis.call('PEXPIRE', KEYS[1], ARGV[2]) end
+return 0`)
+
+type redisFront struct {
+	cfg   RedisConfig
+	log   *slog.Logger
+	stats *counters
+	down  atomic.Bool
+}
+
+func newRedisFront(cfg RedisConfig, log *slog.Logger, stats *counters) *redisFront {
+	return &redisFront{cfg: cfg, log: log, stats: stats}
+}
+
+func (f *redisFront) keys(k Key) (res, lock string) {
+	base := fmt.Sprintf("%s{%016x}:%s:%s:%s", f.cfg.Prefix, uint64(lockKey(k)),
+		url.QueryEscape(k.Scope), url.QueryEscape(k.Tenant), url.QueryEscape(k.ID))
+	return base + ":res", base + ":lock"
+}
+
+// failed counts a Redis failure and logs the first of an episode.
+func (f *redisFront) failed(op string, err error) {
+	f.stats.redisFallbacks.Add(1)
+	if f.down.CompareAndSwap(false, true) {
+		f.log.Warn("justonce: Redis unavailable, continuing on Postgres alone", "op", op, "err", err)
+	}
+}
+
+func (f *redisFront) ok() {
+	if f.down.CompareAndSwap(true, false) {
+		f.log.Info("justonce: Redis is back, fast path resumed")
+	}
+}
+
+func (f *redisFront) call(ctx context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(ctx, f.cfg.Timeout)
+}
+
+type acquireState int
+
+const (
+	redisDown acquireState = iota
+	redisHit
+	redisLocked
+	redisBusy
+)
+
+func (f *redisFront) acquire(ctx context.Context, k Key, token string) (acquireState, string) {
+	res, lock := f.keys(k)
+	cctx, cancel := f.call(ctx)
+	defer cancel()
+	v, err := acquireScript.Run(cctx, f.cfg.Client, []string{res, lock}, token, f.cfg.LockTTL.Milliseconds()).Slice()
+	if err != nil || len(v) == 0 {
+		if err == nil {
+			err = fmt.Errorf("empty script reply")
+		}
+		f.failed("acquire", err)
+		return redisDown, ""
+	}
+	f.ok()
+	switch n, _ := v[0].(int64); n {
+	case 1:
+		s, _ := v[1].(string)
+		return redisHit, s
+	case 2:
+		return redisLocked, ""
+	default:
+		return redisBusy, ""
+	}
+}
+
+// do runs pg behind the Redis lock and cache.
+func (f *redisFront) do(ctx context.Context, l *Ledger, req Request, pg func() (Outcome, error)) (Outcome, error) {
+	token := newToken()
+	state, cached := f.acquire(ctx, req.Key, token)
+	switch state {
+	case redisHit:
+		if out, ok := decodeCached(req, cached); ok {
+			return out, nil
+		}
+		// An entry this build cannot read: ask Postgres.
+		return pg()
+	case redisBusy:
+		return Outcome{Disposition: InFlight}, nil
+	case redisDown:
+		return pg()
+	}
+
+	stop := f.keepLock(ctx, req.Key, token)
+	out, err := pg()
+	stop()
+	var value string
+	var ttl time.Duration
+	if err == nil && out.Record != nil && (out.Disposition == Executed || out.Disposition == Duplicate) {
+		value, ttl = f.encode(out)
+	}
+	res, lock := f.keys(req.Key)
+	cctx, cancel := f.call(context.WithoutCancel(ctx))
+	defer cancel()
+	if ferr := finishScript.Run(cctx, f.cfg.Client, []string{res, lock}, token, value, ttl.Milliseconds()).Err(); ferr != nil {
+		f.failed("finish", ferr)
+	}
+	return out, err
+}
+
+// keepLock extends the lock every third of its TTL until stop is called.
+func (f *redisFront) keepLock(ctx context.Context, k Key, token string) (stop func()) {
+	_, lock := f.keys(k)
+	var mu sync.Mutex
+	stopped := false
+	var t *time.Timer
+	every := f.cfg.LockTTL / 3
+	var tick func()
+	tick = func() {
+		cctx, cancel := f.call(context.WithoutCancel(ctx))
+		err := extendScript.Run(cctx, f.cfg.Client, []string{lock}, token, f.cfg.LockTTL.Milliseconds()).Err()
+		cancel()
+		if err != nil {
+			f.failed("extend", err)
+		}
+		mu.Lock()
+		if !stopped {
+			t.Reset(every)
+		}
+		mu.Unlock()
+	}
+	mu.Lock()
+	t = time.AfterFunc(every, tick)
+	mu.Unlock()
+	return func() {
+		mu.Lock()
+		stopped = true
+		t.Stop()
+		mu.Unlock()
+	}
+}
+
+// invalidate drops k's cached result.
+func (f *redisFront) invalidate(ctx context.Context, k Key) error {
+	res, _ := f.keys(k)
+	cctx, cancel := f.call(ctx)
+	defer cancel()
+	if err := f.cfg.Client.Del(cctx, res).Err(); err != nil {
+		f.failed("invalidate", err)
+		return fmt.Errorf("justonce/inbox: Redis cache not invalidated for %s: %w", k, err)
+	}
+	return nil
+}
+
+// cacheEntry is a cached row, enough to answer a duplicate.
+type cacheEntry struct {
+	V  int                 `json:"v"`
+	S  Status              `json:"s"`
+	F  []byte              `json:"f,omitempty"`
+	C  int                 `json:"c,omitempty"`
+	H  map[string][]string `json:"h,omitempty"`
+	B  []byte              `json:"b,omitempty"`
+	E  string              `json:"e,omitempty"`
+	Sr Source              `json:"sr,omitempty"`
+	Cr int64               `json:"cr"`
+	X  int64               `json:"x"`
+}
+
+const cacheVersion = 1
+
+func (f *redisFront) encode(out Outcome) (string, time.Duration) {
+	rec := out.Record
+	ttl := time.Until(rec.ExpiresAt)
+	if ttl <= 0 || rec.Status == StatusProcessing {
+		return "", 0
+	}
+	b, err := json.Marshal(cacheEntry{V: cacheVersion, S: rec.Status, F: rec.Fingerprint, C: out.Result.Code,
+		H: out.Result.Header, B: out.Result.Body, E: rec.Error, Sr: rec.Source,
+		Cr: rec.CreatedAt.UnixMicro(), X: rec.ExpiresAt.UnixMicro()})
+	if err != nil || len(b) > f.cfg.MaxCachedBytes {
+		return "", 0
+	}
+	return string(b), ttl
+}
+
+func decodeCached(req Request, s string) (Outcome, bool) {
+	var e cacheEntry
+	if err := json.Unmarshal([]byte(s), &e); err != nil || e.V != cacheVersion {
+		return Outcome{}, false
+	}
+	res := Result{Code: e.C, Header: e.H, Body: e.B}
+	rec := &Record{Key: req.Key, Status: e.S, Fingerprint: e.F, Source: e.Sr, Result: res, Error: e.E,
+		CreatedAt: time.UnixMicro(e.Cr), ExpiresAt: time.UnixMicro(e.X)}
+	if !time.Now().Before(rec.ExpiresAt) {
+		return Outcome{}, false
+	}
+	if fingerprintDiffers(req.Fingerprint, e.F) {
+		return Outcome{Disposition: Mismatch, Record: rec, Cached: true}, true
+	}
+	return Outcome{Disposition: Duplicate, Record: rec, Result: res, Cached: true}, true
+}
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:])
+	return hex.EncodeToString(b[:])
+}

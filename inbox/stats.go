@@ -1,0 +1,51 @@
+package inbox
+
+import "sync/atomic"
+
+// Counters are the ledger's running totals since New. Read them with
+// Ledger.Counters; the metrics package exports them to Prometheus.
+type Counters struct {
+	Executed       uint64 // handlers run and committed
+	Duplicates     uint64 // duplicates answered (from Postgres or Redis)
+	CacheHits      uint64 // duplicates answered from the Redis replay cache
+	InFlight       uint64 // calls answered InFlight
+	Mismatches     uint64 // same key, other fingerprint
+	Errors         uint64 // calls that returned an error (handler or store)
+	RedisFallbacks uint64 // Redis calls that failed or timed out; Postgres carried on alone
+	LeasesLost     uint64 // leases found taken over or released when renewing or completing
+}
+
+type counters struct {
+	executed, duplicates, cacheHits, inFlight, mismatches, errors, redisFallbacks, leasesLost atomic.Uint64
+}
+
+// Counters returns a snapshot of the running totals.
+func (l *Ledger) Counters() Counters {
+	c := &l.stats
+	return Counters{
+		Executed: c.executed.Load(), Duplicates: c.duplicates.Load(), CacheHits: c.cacheHits.Load(),
+		InFlight: c.inFlight.Load(), Mismatches: c.mismatches.Load(), Errors: c.errors.Load(),
+		RedisFallbacks: c.redisFallbacks.Load(), LeasesLost: c.leasesLost.Load(),
+	}
+}
+
+func (l *Ledger) observe(_ Request, out Outcome, err error) {
+	c := &l.stats
+	if err != nil {
+		c.errors.Add(1)
+		return
+	}
+	switch out.Disposition {
+	case Executed:
+		c.executed.Add(1)
+	case Duplicate:
+		c.duplicates.Add(1)
+		if out.Cached {
+			c.cacheHits.Add(1)
+		}
+	case InFlight:
+		c.inFlight.Add(1)
+	case Mismatch:
+		c.mismatches.Add(1)
+	}
+}

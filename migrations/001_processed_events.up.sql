@@ -1,0 +1,39 @@
+-- justonce ledger: one row per (scope, tenant, event_id).
+-- Plain SQL with unqualified names: the justonce migrator runs it with
+-- search_path set to the configured schema; golang-migrate users can take the
+-- file as it is.
+
+CREATE SEQUENCE IF NOT EXISTS processed_events_fencing_seq AS bigint;
+
+CREATE TABLE IF NOT EXISTS processed_events (
+    scope            text        NOT NULL,
+    tenant           text        NOT NULL DEFAULT '',
+    event_id         text        NOT NULL,
+    status           text        NOT NULL,
+    fingerprint      bytea,
+    source           text        NOT NULL DEFAULT '',
+    principal        text        NOT NULL DEFAULT '',
+    lease_owner      text,
+    lease_until      timestamptz,
+    fencing_token    bigint      NOT NULL DEFAULT 0,
+    attempts         integer     NOT NULL DEFAULT 1,
+    response_code    integer,
+    response_headers jsonb,
+    response_body    bytea,
+    error            text,
+    duration_us      bigint,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    completed_at     timestamptz,
+    expires_at       timestamptz NOT NULL,
+    CONSTRAINT processed_events_pkey PRIMARY KEY (scope, tenant, event_id),
+    CONSTRAINT processed_events_status_check CHECK (status IN ('processing', 'done', 'failed'))
+);
+
+-- The janitor deletes by expiry.
+CREATE INDEX IF NOT EXISTS processed_events_expires_at_idx
+    ON processed_events (expires_at);
+
+-- Stuck-lease queries look only at rows still processing (lease mode).
+CREATE INDEX IF NOT EXISTS processed_events_processing_idx
+    ON processed_events (lease_until)
+    WHERE status = 'processing';

@@ -1,0 +1,279 @@
+// Package migrations holds the justonce schema as embedded, numbered SQL
+// files and a small migrator that applies them.
+//
+// The files are plain SQL with unqualified table names, named
+// NNN_name.up.sql and NNN_name.down.sql, so a golang-migrate user can take
+// them as they are (see FS). The Migrator applies them into a configurable
+// schema by setting search_path for the migration transaction, records the
+// applied versions in a justonce_migrations table in that schema, and holds a
+// Postgres advisory lock for the whole run so that several instances may
+// migrate at once at startup: one applies, the others wait and find nothing
+// left to do.
+//
+//	m := migrations.New(pool, migrations.Config{Schema: "justonce"})
+//	res, err := m.Up(ctx)
+package migrations
+
+import (
+	"context"
+	"embed"
+	"errors"
+	"fmt"
+	"io/fs"
+	"regexp"
+	"sort"
+	"strconv"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// FS holds the migration files, NNN_name.up.sql and NNN_name.down.sql.
+//
+//go:embed *.sql
+var FS embed.FS
+
+// ErrUnknownVersion is returned when a target version does not exist, or when
+// the database records a version newer than this build knows.
+var ErrUnknownVersion = errors.New("justonce/migrations: unknown version")
+
+// Migration is one numbered step with its up and down SQL.
+type Migration struct {
+	Version int
+	Name    string
+	Up      string
+	Down    string
+}
+
+// Config configures a Migrator.
+type Config struct {
+	// Schema to migrate. Empty means the connection's current schema
+	// (the first entry of its search_path). It is created if missing.
+	Schema string
+}
+
+// Migrator applies the embedded migrations to one schema.
+type Migrator struct {
+	pool       *pgxpool.Pool
+	schema     string
+	migrations []Migration
+}
+
+// Result reports what a Migrate call did.
+type Result struct {
+	// From and To are the schema versions before and after the call.
+	From, To int
+	// Applied lists the versions applied (in order), up or down.
+	Applied []int
+}
+
+// Status reports the schema version and what is pending.
+type Status struct {
+	Version int   // highest applied version, 0 when none
+	Latest  int   // highest version this build knows
+	Pending []int // versions not yet applied
+}
+
+// New returns a Migrator for the pool.
+func New(pool *pgxpool.Pool, cfg Config) *Migrator {
+	ms, err := All()
+	if err != nil {
+		// The files are embedded at build time and checked by tests.
+		panic(err)
+	}
+	return &Migrator{pool: pool, schema: cfg.Schema, migrations: ms}
+}
+
+var fileRe = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.(up|down)\.sql$`)
+
+// All returns the embedded migrations in version order.
+func All() ([]Migration, error) {
+	entries, err := fs.ReadDir(FS, ".")
+	if err != nil {
+		return nil, err
+	}
+	byVersion := map[int]*Migration{}
+	for _, e := range entries {
+		m := fileRe.FindStringSubmatch(e.Name())
+		if m == nil {
+			return nil, fmt.Errorf("justonce/migrations: unexpected file %q", e.Name())
+		}
+		v, _ := strconv.Atoi(m[1])
+		body, err := fs.ReadFile(FS, e.Name())
+		if err != nil {
+			return nil, err
+		}
+		mig := byVersion[v]
+		if mig == nil {
+			mig = &Migration{Version: v, Name: m[2]}
+			byVersion[v] = mig
+		}
+		if m[3] == "up" {
+			mig.Up = string(body)
+		} else {
+			mig.Down = string(body)
+		}
+	}
+	out := make([]Migration, 0, len(byVersion))
+	for _, m := range byVersion {
+		if m.Up == "" || m.Down == "" {
+			return nil, fmt.Errorf("justonce/migrations: version %d lacks its up or down file", m.Version)
+		}
+		out = append(out, *m)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].Version < out[j].Version })
+	return out, nil
+}
+
+// Latest is the highest version this build knows.
+func (m *Migrator) Latest() int {
+	return m.migrations[len(m.migrations)-1].Version
+}
+
+// Up applies every pending migration.
+func (m *Migrator) Up(ctx context.Context) (Result, error) {
+	return m.Migrate(ctx, m.Latest())
+}
+
+// Down reverts every applied migration (to version 0).
+func (m *Migrator) Down(ctx context.Context) (Result, error) {
+	return m.Migrate(ctx, 0)
+}
+
+// Migrate moves the schema to version target, up or down, in one
+// transaction under an advisory lock: either every step applies or none does.
+func (m *Migrator) Migrate(ctx context.Context, target int) (Result, error) {
+	if target != 0 && m.find(target) < 0 {
+		return Result{}, fmt.Errorf("%w: target %d", ErrUnknownVersion, target)
+	}
+	var res Result
+	err := m.inLockedTx(ctx, func(tx pgx.Tx) error {
+		applied, err := appliedVersions(ctx, tx)
+		if err != nil {
+			return err
+		}
+		res.From = maxVersion(applied)
+		if res.From > m.Latest() {
+			return fmt.Errorf("%w: database is at %d, this build knows up to %d", ErrUnknownVersion, res.From, m.Latest())
+		}
+		if target >= res.From {
+			for _, mig := range m.migrations {
+				if mig.Version > target || applied[mig.Version] {
+					continue
+				}
+				if _, err := tx.Exec(ctx, mig.Up); err != nil {
+					return fmt.Errorf("justonce/migrations: up %03d_%s: %w", mig.Version, mig.Name, err)
+				}
+				if _, err := tx.Exec(ctx, `INSERT INTO justonce_migrations (version, name) VALUES ($1, $2)`, mig.Version, mig.Name); err != nil {
+					return err
+				}
+				res.Applied = append(res.Applied, mig.Version)
+			}
+		} else {
+			for i := len(m.migrations) - 1; i >= 0; i-- {
+				mig := m.migrations[i]
+				if mig.Version <= target || !applied[mig.Version] {
+					continue
+				}
+				if _, err := tx.Exec(ctx, mig.Down); err != nil {
+					return fmt.Errorf("justonce/migrations: down %03d_%s: %w", mig.Version, mig.Name, err)
+				}
+				if _, err := tx.Exec(ctx, `DELETE FROM justonce_migrations WHERE version = $1`, mig.Version); err != nil {
+					return err
+				}
+				res.Applied = append(res.Applied, mig.Version)
+			}
+		}
+		res.To = target
+		return nil
+	})
+	if err != nil {
+		return Result{}, err
+	}
+	return res, nil
+}
+
+// Status reports the applied version and the pending ones.
+func (m *Migrator) Status(ctx context.Context) (Status, error) {
+	var st Status
+	err := m.inLockedTx(ctx, func(tx pgx.Tx) error {
+		applied, err := appliedVersions(ctx, tx)
+		if err != nil {
+			return err
+		}
+		st.Version = maxVersion(applied)
+		st.Latest = m.Latest()
+		for _, mig := range m.migrations {
+			if !applied[mig.Version] {
+				st.Pending = append(st.Pending, mig.Version)
+			}
+		}
+		return nil
+	})
+	return st, err
+}
+
+func (m *Migrator) find(v int) int {
+	for i, mig := range m.migrations {
+		if mig.Version == v {
+			return i
+		}
+	}
+	return -1
+}
+
+// inLockedTx runs fn in a transaction that holds the schema's migration
+// advisory lock and has search_path set to the schema.
+func (m *Migrator) inLockedTx(ctx context.Context, fn func(pgx.Tx) error) error {
+	return pgx.BeginFunc(ctx, m.pool, func(tx pgx.Tx) error {
+		schema := m.schema
+		if schema == "" {
+			if err := tx.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+				return fmt.Errorf("justonce/migrations: current schema: %w", err)
+			}
+		}
+		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('justonce.migrate:' || $1, 0))`, schema); err != nil {
+			return fmt.Errorf("justonce/migrations: advisory lock: %w", err)
+		}
+		ident := pgx.Identifier{schema}.Sanitize()
+		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+ident); err != nil {
+			return fmt.Errorf("justonce/migrations: create schema: %w", err)
+		}
+		if _, err := tx.Exec(ctx, `SET LOCAL search_path TO `+ident); err != nil {
+			return err
+		}
+		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS justonce_migrations (
+			version    integer PRIMARY KEY,
+			name       text NOT NULL,
+			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
+			return fmt.Errorf("justonce/migrations: version table: %w", err)
+		}
+		return fn(tx)
+	})
+}
+
+func appliedVersions(ctx context.Context, tx pgx.Tx) (map[int]bool, error) {
+	rows, err := tx.Query(ctx, `SELECT version FROM justonce_migrations`)
+	if err != nil {
+		return nil, err
+	}
+	vs, err := pgx.CollectRows(rows, pgx.RowTo[int])
+	if err != nil {
+		return nil, err
+	}
+	out := make(map[int]bool, len(vs))
+	for _, v := range vs {
+		out[v] = true
+	}
+	return out, nil
+}
+
+func maxVersion(applied map[int]bool) int {
+	v := 0
+	for k := range applied {
+		if k > v {
+			v = k
+		}
+	}
+	return v
+}
