@@ -560,3 +560,10 @@ func (l *Ledger) Stats(ctx context.Context) ([]ScopeStats, error) {
 	st, err := l.store.stats(ctx, l.pool)
 	return st, storeErr("stats", err)
 }
+
+// LiveKeys counts the unexpired rows of one scope and tenant (an index range
+// scan), for per-tenant quotas.
+func (l *Ledger) LiveKeys(ctx context.Context, scope, tenant string) (int64, error) {
+	n, err := l.store.live(ctx, l.pool, scope, tenant)
+	return n, storeErr("live keys", err)
+}

@@ -21,7 +21,7 @@ type pgStore struct {
 
 	claimSQL, lookupSQL, completeSQL                     string
 	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
-	releaseSQL, failSQL, purgeSQL, statsSQL              string
+	releaseSQL, failSQL, purgeSQL, statsSQL, liveSQL     string
 }
 
 // querier is what pgx.Tx, *pgx.Conn and *pgxpool.Pool have in common.
@@ -137,6 +137,8 @@ d AS (
 	RETURNING 1
 )
 SELECT (SELECT ok FROM l), count(*) FROM d`)
+
+	s.liveSQL = r.Replace(`SELECT count(*) FROM {T} WHERE scope = $1 AND tenant = $2 AND expires_at > now()`)
 
 	s.statsSQL = r.Replace(`SELECT scope, status, count(*), min(lease_until) FILTER (WHERE status = 'processing')
 		FROM {T} WHERE expires_at > now() GROUP BY scope, status ORDER BY scope, status`)
@@ -354,4 +356,9 @@ func nullHeader(h map[string][]string) any {
 		return nil
 	}
 	return h
+}
+
+func (s *pgStore) live(ctx context.Context, q querier, scope, tenant string) (n int64, err error) {
+	err = q.QueryRow(ctx, s.liveSQL, scope, tenant).Scan(&n)
+	return n, err
 }
