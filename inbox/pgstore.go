@@ -19,9 +19,9 @@ type pgStore struct {
 	table string // quoted, schema-qualified when a schema is configured
 	seq   string // quoted fencing sequence
 
-	claimSQL, lookupSQL, completeSQL                     string
+	claimSQL, lookupSQL, completeSQL                      string
 	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
-	releaseSQL, failSQL, purgeSQL, statsSQL, liveSQL     string
+	releaseSQL, failSQL, purgeSQL, statsSQL, liveSQL      string
 }
 
 // querier is what pgx.Tx, *pgx.Conn and *pgxpool.Pool have in common.
@@ -84,12 +84,12 @@ WITH u AS (
 	WHERE t.expires_at <= now()
 		OR (t.status = 'processing' AND t.lease_until <= now()
 			AND (EXCLUDED.fingerprint IS NULL OR t.fingerprint IS NULL OR t.fingerprint = EXCLUDED.fingerprint))
-	RETURNING t.scope, t.tenant, t.event_id, `+cols("t")+`
+	RETURNING t.scope, t.tenant, t.event_id, ` + cols("t") + `
 )
-SELECT u.ord, true, `+cols("ins")+`
+SELECT u.ord, true, ` + cols("ins") + `
 	FROM u JOIN ins ON ins.scope = u.scope AND ins.tenant = u.tenant AND ins.event_id = u.event_id
 UNION ALL
-SELECT u.ord, false, `+cols("e")+`
+SELECT u.ord, false, ` + cols("e") + `
 	FROM u LEFT JOIN {T} e ON e.scope = u.scope AND e.tenant = u.tenant AND e.event_id = u.event_id
 	WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.scope = u.scope AND ins.tenant = u.tenant AND ins.event_id = u.event_id)`)
 

@@ -20,11 +20,13 @@ type ownedTx struct {
 
 var _ pgx.Tx = (*ownedTx)(nil)
 
-func (t *ownedTx) Begin(ctx context.Context) (pgx.Tx, error) { return beginSavepoint(ctx, t.conn, &t.sp) }
-func (t *ownedTx) Commit(context.Context) error                { return ErrTxOwned }
-func (t *ownedTx) Rollback(context.Context) error              { return ErrTxOwned }
-func (t *ownedTx) LargeObjects() pgx.LargeObjects              { return pgx.LargeObjects{} }
-func (t *ownedTx) Conn() *pgx.Conn                             { return t.conn }
+func (t *ownedTx) Begin(ctx context.Context) (pgx.Tx, error) {
+	return beginSavepoint(ctx, t.conn, &t.sp)
+}
+func (t *ownedTx) Commit(context.Context) error   { return ErrTxOwned }
+func (t *ownedTx) Rollback(context.Context) error { return ErrTxOwned }
+func (t *ownedTx) LargeObjects() pgx.LargeObjects { return pgx.LargeObjects{} }
+func (t *ownedTx) Conn() *pgx.Conn                { return t.conn }
 
 func (t *ownedTx) CopyFrom(ctx context.Context, table pgx.Identifier, cols []string, src pgx.CopyFromSource) (int64, error) {
 	return t.conn.CopyFrom(ctx, table, cols, src)
