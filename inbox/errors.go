@@ -3,6 +3,11 @@ package inbox
 import (
 	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
+
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // Sentinel errors. Match them with errors.Is; the typed errors below carry
@@ -73,4 +78,34 @@ func storeErr(op string, err error) error {
 		return nil
 	}
 	return &StoreError{Op: op, Err: err}
+}
+
+// IsTransient reports whether err means the database was unavailable or
+// the transaction lost a race it may win next time, rather than a fault of
+// the event or request: any ErrStore, a lost or refused connection, a
+// server shutting down (SQLSTATE class 08, 57P01-57P03), a serialization
+// failure (40001) or a deadlock (40P01), also when the handler's own query
+// hit it. Consumers retry such errors without counting the attempt; the
+// HTTP bridge answers 503.
+func IsTransient(err error) bool {
+	if err == nil {
+		return false
+	}
+	if errors.Is(err, ErrStore) || errors.Is(err, ErrCommitUnknown) {
+		return true
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) {
+		c := pgErr.Code
+		return strings.HasPrefix(c, "08") || c == "57P01" || c == "57P02" || c == "57P03" || c == "40001" || c == "40P01"
+	}
+	var netErr net.Error
+	if errors.As(err, &netErr) || pgconn.Timeout(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
+		return true
+	}
+	var connErr *pgconn.ConnectError
+	if errors.As(err, &connErr) {
+		return true
+	}
+	return strings.Contains(err.Error(), "conn closed") || strings.Contains(err.Error(), "unexpected EOF")
 }

@@ -1,0 +1,135 @@
+// Package consumer is the transport-neutral runtime that makes an event
+// handler run once per event ID: ID extraction, the ledger transaction,
+// retry with backoff, dead-lettering, batching and the decision to ack.
+//
+// Transports (transports/kafka, transports/nats) turn their messages into a
+// *Message, call Processor.Process (or ProcessBatch), and ack, retry or stop
+// as the Decision says. Any other transport (RabbitMQ, SQS) is wrapped the
+// same way:
+//
+//	p, _ := consumer.New(consumer.Config{Ledger: ledger, Scope: "billing"},
+//		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+//			_, err := tx.Exec(ctx, `INSERT INTO invoices ...`)
+//			return err
+//		})
+//	d := p.Process(ctx, msg) // one attempt
+//	switch d.Action { case consumer.Ack: ...; case consumer.Retry: ... }
+package consumer
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Header is one message header. Kafka headers may repeat a key; order is
+// kept.
+type Header struct {
+	Key   string
+	Value []byte
+}
+
+// Message is a delivered event, whatever the transport.
+type Message struct {
+	// ID is the event ID; filled by Process from the Config's IDFunc when
+	// empty.
+	ID string
+	// Key is the Kafka message key (nil elsewhere).
+	Key []byte
+	// Topic is the Kafka topic or the NATS subject.
+	Topic string
+	// Partition is the Kafka partition (0 elsewhere).
+	Partition int
+	// Offset is the Kafka offset or the JetStream stream sequence.
+	Offset int64
+	// Headers in delivery order.
+	Headers []Header
+	// Value is the payload.
+	Value []byte
+	// Time is the broker's timestamp.
+	Time time.Time
+	// Attempt is the delivery attempt, from 1: JetStream's delivery count,
+	// or the runtime's own count for in-place retries.
+	Attempt int
+	// Raw is the transport's own message (kafka.Message, jetstream.Msg).
+	Raw any
+}
+
+// Header returns the value of the first header named key (case-insensitive),
+// and whether there was one.
+func (m *Message) Header(key string) ([]byte, bool) {
+	for _, h := range m.Headers {
+		if strings.EqualFold(h.Key, key) {
+			return h.Value, true
+		}
+	}
+	return nil, false
+}
+
+// ErrNoID: no event ID could be extracted. Such a message is dead-lettered
+// (or, with Config.AllowNoID, run without dedupe); it is never dropped.
+var ErrNoID = errors.New("justonce/consumer: message has no event ID")
+
+// IDFunc extracts the event ID from a message.
+type IDFunc func(*Message) (string, error)
+
+// HeaderID returns an IDFunc that takes the first non-empty header among
+// names (case-insensitive).
+func HeaderID(names ...string) IDFunc {
+	return func(m *Message) (string, error) {
+		for _, n := range names {
+			if v, ok := m.Header(n); ok && len(v) > 0 {
+				return string(v), nil
+			}
+		}
+		return "", fmt.Errorf("%w: none of the headers %s", ErrNoID, strings.Join(names, ", "))
+	}
+}
+
+// JSONField returns an IDFunc that reads a top-level string (or number)
+// field of a JSON payload, for example "id" in a CloudEvents structured
+// event.
+func JSONField(field string) IDFunc {
+	return func(m *Message) (string, error) {
+		dec := json.NewDecoder(bytes.NewReader(m.Value))
+		dec.UseNumber()
+		var obj map[string]any
+		if err := dec.Decode(&obj); err != nil {
+			return "", fmt.Errorf("%w: payload is not a JSON object: %v", ErrNoID, err)
+		}
+		switch v := obj[field].(type) {
+		case string:
+			if v != "" {
+				return v, nil
+			}
+		case json.Number:
+			return v.String(), nil
+		}
+		return "", fmt.Errorf("%w: JSON field %q missing or empty", ErrNoID, field)
+	}
+}
+
+// FirstID tries each IDFunc in turn and returns the first ID found.
+func FirstID(fns ...IDFunc) IDFunc {
+	return func(m *Message) (string, error) {
+		var errs []error
+		for _, f := range fns {
+			id, err := f(m)
+			if err == nil && id != "" {
+				return id, nil
+			}
+			errs = append(errs, err)
+		}
+		return "", fmt.Errorf("%w: %w", ErrNoID, errors.Join(errs...))
+	}
+}
+
+// DefaultKafkaID reads the CloudEvents binary-mode ce_id header, then
+// event-id, then Idempotency-Key.
+var DefaultKafkaID = HeaderID("ce_id", "ce-id", "event-id", "Idempotency-Key")
+
+// DefaultNATSID reads Nats-Msg-Id, then the CloudEvents ce-id header.
+var DefaultNATSID = HeaderID("Nats-Msg-Id", "ce-id", "ce_id", "event-id", "Idempotency-Key")

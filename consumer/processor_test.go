@@ -1,0 +1,256 @@
+package consumer_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/testsvc"
+)
+
+type fx struct {
+	pg     *testsvc.PG
+	ledger *inbox.Ledger
+	runs   atomic.Int64
+	dead   []*consumer.Message
+	mu     sync.Mutex
+}
+
+func setup(t *testing.T) *fx {
+	pg := testsvc.Postgres(t)
+	pg.Exec(t, `CREATE TABLE effects (event_id text NOT NULL)`)
+	l, err := inbox.New(pg.Pool, inbox.Config{})
+	require.NoError(t, err)
+	return &fx{pg: pg, ledger: l}
+}
+
+func (f *fx) cfg() consumer.Config {
+	return consumer.Config{
+		Ledger: f.ledger, Scope: "test", Source: inbox.SourceKafka, MaxAttempts: 3,
+		Backoff: consumer.Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond},
+		DeadLetter: func(_ context.Context, m *consumer.Message, _ error) error {
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.dead = append(f.dead, m)
+			return nil
+		},
+	}
+}
+
+func (f *fx) insert(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	f.runs.Add(1)
+	_, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, m.ID)
+	return err
+}
+
+func msg(id string) *consumer.Message {
+	m := &consumer.Message{Topic: "t", Value: []byte(id)}
+	if id != "" {
+		m.Headers = []consumer.Header{{Key: "ce_id", Value: []byte(id)}}
+	}
+	return m
+}
+
+func TestProcessRunsOnceAndAcksDuplicates(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	p, err := consumer.New(f.cfg(), f.insert)
+	require.NoError(t, err)
+	ctx := context.Background()
+	d := p.Process(ctx, msg("e1"))
+	require.Equal(t, consumer.Ack, d.Action)
+	require.Equal(t, inbox.Executed, d.Outcome.Disposition)
+	d = p.Process(ctx, msg("e1"))
+	require.Equal(t, consumer.Ack, d.Action)
+	require.Equal(t, inbox.Duplicate, d.Outcome.Disposition)
+	require.EqualValues(t, 1, f.runs.Load())
+	require.Equal(t, 1, f.pg.Count(t, `SELECT count(*) FROM effects`))
+}
+
+func TestRetryThenDeadLetter(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var calls atomic.Int64
+	p, err := consumer.New(f.cfg(), func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		calls.Add(1)
+		if _, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, m.ID); err != nil {
+			return err
+		}
+		return errors.New("downstream refused")
+	})
+	require.NoError(t, err)
+	d := p.ProcessWithRetry(context.Background(), msg("bad"))
+	require.Equal(t, consumer.Ack, d.Action)
+	require.True(t, d.DeadLettered)
+	require.EqualValues(t, 3, calls.Load())
+	require.Len(t, f.dead, 1)
+	require.Equal(t, 3, f.dead[0].Attempt)
+	require.Equal(t, 0, f.pg.Count(t, `SELECT count(*) FROM effects`), "failed attempts roll back")
+	rec, err := f.ledger.Lookup(context.Background(), inbox.Key{Scope: "test", ID: "bad"})
+	require.NoError(t, err)
+	require.Equal(t, inbox.StatusFailed, rec.Status)
+	require.Equal(t, 3, rec.Attempts)
+	require.Contains(t, rec.Error, "downstream refused")
+
+	// A redelivery of a dead-lettered event does not run again.
+	d = p.Process(context.Background(), msg("bad"))
+	require.Equal(t, consumer.Ack, d.Action)
+	require.Equal(t, inbox.Duplicate, d.Outcome.Disposition)
+	require.EqualValues(t, 3, calls.Load())
+}
+
+func TestPermanentAndPanic(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	p, err := consumer.New(f.cfg(), func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "panic" {
+			panic("nil map")
+		}
+		return consumer.Permanent(errors.New("schema violation"))
+	})
+	require.NoError(t, err)
+	d := p.Process(context.Background(), msg("perm"))
+	require.True(t, d.DeadLettered)
+	require.Equal(t, 1, f.dead[0].Attempt)
+
+	d = p.Process(context.Background(), msg("panic"))
+	require.Equal(t, consumer.Retry, d.Action)
+	var pe *consumer.PanicError
+	require.ErrorAs(t, d.Err, &pe)
+	require.True(t, d.Counted)
+}
+
+func TestNoIDIsDeadLetteredOrRunWhenAllowed(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	p, err := consumer.New(f.cfg(), f.insert)
+	require.NoError(t, err)
+	d := p.Process(context.Background(), msg(""))
+	require.True(t, d.DeadLettered)
+	require.ErrorIs(t, d.Err, consumer.ErrNoID)
+	require.Len(t, f.dead, 1)
+
+	cfg := f.cfg()
+	cfg.AllowNoID = true
+	p, err = consumer.New(cfg, f.insert)
+	require.NoError(t, err)
+	d = p.Process(context.Background(), msg(""))
+	require.Equal(t, consumer.Ack, d.Action)
+	require.Equal(t, 1, f.pg.Count(t, `SELECT count(*) FROM effects`))
+
+	// An ID over the ledger's limit is rejected up front and dead-lettered.
+	d = p.Process(context.Background(), msg(strings.Repeat("x", 300)))
+	require.True(t, d.DeadLettered)
+	require.ErrorIs(t, d.Err, inbox.ErrInvalidKey)
+}
+
+func TestIDExtractors(t *testing.T) {
+	t.Parallel()
+	m := &consumer.Message{Value: []byte(`{"id": 12345678901234567890, "type":"x"}`)}
+	id, err := consumer.JSONField("id")(m)
+	require.NoError(t, err)
+	require.Equal(t, "12345678901234567890", id)
+	_, err = consumer.JSONField("missing")(m)
+	require.ErrorIs(t, err, consumer.ErrNoID)
+	m.Headers = []consumer.Header{{Key: "EVENT-ID", Value: []byte("h1")}}
+	id, err = consumer.DefaultKafkaID(m)
+	require.NoError(t, err)
+	require.Equal(t, "h1", id)
+	id, err = consumer.FirstID(consumer.HeaderID("x"), consumer.JSONField("type"))(m)
+	require.NoError(t, err)
+	require.Equal(t, "x", id)
+}
+
+func TestSetResultIsStored(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	p, err := consumer.New(f.cfg(), func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		consumer.SetResult(ctx, inbox.Result{Code: 201, Body: []byte(`{"paid":true}`)})
+		return nil
+	})
+	require.NoError(t, err)
+	p.Process(context.Background(), msg("r1"))
+	rec, err := f.ledger.Lookup(context.Background(), inbox.Key{Scope: "test", ID: "r1"})
+	require.NoError(t, err)
+	require.Equal(t, 201, rec.Result.Code)
+	require.Equal(t, inbox.SourceKafka, rec.Source)
+}
+
+func TestBatchIsolatesPoison(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	var poisonCalls atomic.Int64
+	p, err := consumer.New(f.cfg(), func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "p" {
+			poisonCalls.Add(1)
+			return errors.New("poison")
+		}
+		return f.insert(ctx, tx, m)
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	// Pre-existing: e0 ran already.
+	require.Equal(t, consumer.Ack, p.Process(ctx, msg("e0")).Action)
+
+	var msgs []*consumer.Message
+	for i := 0; i < 10; i++ {
+		msgs = append(msgs, msg(fmt.Sprintf("e%d", i)))
+	}
+	msgs = append(msgs, msg("p"), msg("e3"), msg(""))
+	ds := p.ProcessBatch(ctx, msgs)
+	require.Len(t, ds, len(msgs))
+	require.Equal(t, inbox.Duplicate, ds[0].Outcome.Disposition)
+	for i := 1; i < 10; i++ {
+		require.Equal(t, consumer.Ack, ds[i].Action, i)
+		require.Equal(t, inbox.Executed, ds[i].Outcome.Disposition, i)
+	}
+	require.Equal(t, consumer.Retry, ds[10].Action, "the poison alone is retried")
+	require.Equal(t, inbox.Duplicate, ds[11].Outcome.Disposition)
+	require.True(t, ds[12].DeadLettered, "no ID")
+	require.Equal(t, 10, f.pg.Count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, 10, f.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`))
+
+	// All new and healthy: one transaction, every message executed.
+	var batch []*consumer.Message
+	for i := 20; i < 30; i++ {
+		batch = append(batch, msg(fmt.Sprintf("e%d", i)))
+	}
+	for _, d := range p.ProcessBatch(ctx, batch) {
+		require.Equal(t, inbox.Executed, d.Outcome.Disposition)
+	}
+	require.Equal(t, 20, f.pg.Count(t, `SELECT count(*) FROM effects`))
+}
+
+func TestStoreDownIsRetriedNotCounted(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	p, err := consumer.New(f.cfg(), f.insert)
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	m := msg("x")
+	// Terminate the pool's connections while a handler runs: the attempt
+	// fails with a store error, is retried without counting, and runs once.
+	var once sync.Once
+	p2, err := consumer.New(f.cfg(), func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		once.Do(func() { f.pg.TerminateBackends(t) })
+		return f.insert(ctx, tx, m)
+	})
+	require.NoError(t, err)
+	d := p2.ProcessWithRetry(ctx, m)
+	require.Equal(t, consumer.Ack, d.Action)
+	require.Equal(t, 1, m.Attempt)
+	require.Equal(t, 1, f.pg.Count(t, `SELECT count(*) FROM effects`))
+	require.Equal(t, consumer.Ack, p.Process(ctx, msg("x")).Action)
+	require.Equal(t, 1, f.pg.Count(t, `SELECT count(*) FROM effects`))
+}

@@ -1,0 +1,281 @@
+// Package transporttest is the delivery-guarantee suite every transport
+// adapter must pass (like Watermill's pubsub/tests): duplicates run once,
+// poison messages are dead-lettered while the rest flows, batch mode keeps
+// the same guarantees, a restarted or shared consumer group loses and
+// doubles nothing. It runs against real brokers and a real Postgres.
+//
+// An adapter implements Harness and calls Run from a test.
+package transporttest
+
+import (
+	"context"
+	"errors"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/testsvc"
+)
+
+// Msg is a message to publish. An empty ID publishes it without an ID.
+type Msg struct {
+	ID    string
+	Key   string
+	Value []byte
+}
+
+// DeadLetter is a message found at a dead-letter destination.
+type DeadLetter struct {
+	ID      string
+	Value   []byte
+	Headers map[string]string
+}
+
+// Options start a consumer.
+type Options struct {
+	// Config for the processor: the suite sets Ledger, Scope, MaxAttempts,
+	// Backoff and Hooks; the adapter adds its transport's defaults (ID,
+	// Source, DeadLetter).
+	Config consumer.Config
+	// Handler to run.
+	Handler consumer.Handler
+	// Batch > 0 runs batch mode with up to this many messages a batch.
+	Batch int
+}
+
+// Harness adapts one transport to the suite.
+type Harness interface {
+	// NewTopic returns a fresh topic (Kafka) or subject with its stream
+	// (NATS), with a dead-letter destination, ready to publish to.
+	NewTopic(t *testing.T) string
+	// Publish sends msgs to topic in order, the ID in the transport's
+	// default ID header.
+	Publish(t *testing.T, topic string, msgs []Msg)
+	// Start runs a consumer of group on topic until stop is called; stop
+	// shuts it down gracefully (stop fetching, finish in-flight work,
+	// commit or ack, close) and returns when it is down.
+	Start(t *testing.T, topic, group string, opts Options) (stop func())
+	// DeadLetters returns what reached topic's dead-letter destination.
+	DeadLetters(t *testing.T, topic string) []DeadLetter
+}
+
+// Features says what an adapter supports.
+type Features struct {
+	// Batch: batch mode.
+	Batch bool
+	// SharedGroup: two consumers may share one group (Kafka consumer
+	// group, JetStream durable).
+	SharedGroup bool
+}
+
+// Run runs the suite.
+func Run(t *testing.T, h Harness, f Features) {
+	t.Run("DuplicatesRunOnce", func(t *testing.T) { testDuplicates(t, h, 0) })
+	t.Run("PoisonDeadLettered", func(t *testing.T) { testPoison(t, h, 0) })
+	t.Run("NoIDDeadLettered", func(t *testing.T) { testNoID(t, h) })
+	t.Run("RestartLosesNothing", func(t *testing.T) { testRestart(t, h) })
+	if f.Batch {
+		t.Run("BatchDuplicatesRunOnce", func(t *testing.T) { testDuplicates(t, h, 50) })
+		t.Run("BatchPoisonDeadLettered", func(t *testing.T) { testPoison(t, h, 20) })
+	}
+	if f.SharedGroup {
+		t.Run("SharedGroupRunsOnce", func(t *testing.T) { testSharedGroup(t, h) })
+	}
+}
+
+// fixture is one test's database, ledger and effect counter.
+type fixture struct {
+	pg     *testsvc.PG
+	ledger *inbox.Ledger
+	runs   atomic.Int64 // handler calls that committed or not
+	seen   atomic.Int64 // ledger outcomes Executed or Duplicate
+}
+
+func newFixture(t *testing.T) *fixture {
+	pg := testsvc.Postgres(t, testsvc.MaxConns(10))
+	// No unique constraint: a doubled effect shows as a second row.
+	pg.Exec(t, `CREATE TABLE effects (event_id text NOT NULL, value bytea, n bigserial)`)
+	l, err := inbox.New(pg.Pool, inbox.Config{})
+	require.NoError(t, err)
+	return &fixture{pg: pg, ledger: l}
+}
+
+func (fx *fixture) options(scope string, h consumer.Handler) Options {
+	return Options{
+		Config: consumer.Config{
+			Ledger:      fx.ledger,
+			Scope:       scope,
+			MaxAttempts: 3,
+			Backoff:     consumer.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond},
+			Hooks: consumer.Hooks{OnOutcome: func(m *consumer.Message, out inbox.Outcome, _ time.Duration) {
+				if out.Disposition == inbox.Executed || out.Disposition == inbox.Duplicate {
+					fx.seen.Add(1)
+				}
+			}},
+		},
+		Handler: h,
+	}
+}
+
+// insert is the business handler: one effect row per run.
+func (fx *fixture) insert(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	fx.runs.Add(1)
+	_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, value) VALUES ($1, $2)`, m.ID, m.Value)
+	return err
+}
+
+// assertExactlyOnce checks effects == unique IDs, each once.
+func (fx *fixture) assertExactlyOnce(t *testing.T, unique int) {
+	t.Helper()
+	require.Equal(t, unique, fx.pg.Count(t, `SELECT count(*) FROM effects`), "effects")
+	require.Equal(t, unique, fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`), "distinct effects")
+	require.Equal(t, unique, fx.pg.Count(t, `SELECT count(*) FROM processed_events WHERE status = 'done'`), "ledger rows")
+}
+
+func ids(prefix string, from, to int) []Msg {
+	var out []Msg
+	for i := from; i < to; i++ {
+		id := prefix + "-" + strconv.Itoa(i)
+		out = append(out, Msg{ID: id, Key: strconv.Itoa(i % 7), Value: []byte(id)})
+	}
+	return out
+}
+
+func testDuplicates(t *testing.T, h Harness, batch int) {
+	fx := newFixture(t)
+	topic := h.NewTopic(t)
+	const unique, dups = 500, 100
+	msgs := ids("evt", 0, unique)
+	// 20 % produced again with the same ID at later offsets.
+	again := make([]Msg, 0, dups)
+	for i := 0; i < dups; i++ {
+		again = append(again, msgs[(i*5)%unique])
+	}
+	h.Publish(t, topic, msgs)
+	h.Publish(t, topic, again)
+
+	opts := fx.options("dups-"+topic, fx.insert)
+	opts.Batch = batch
+	stop := h.Start(t, topic, "g-"+topic, opts)
+	testsvc.Eventually(t, 60*time.Second, func() bool { return fx.seen.Load() >= unique+dups },
+		"all %d deliveries answered (got %d)", unique+dups, fx.seen.Load())
+	stop()
+	fx.assertExactlyOnce(t, unique)
+	require.EqualValues(t, unique, fx.runs.Load(), "handler runs: duplicates must not run it")
+}
+
+func testPoison(t *testing.T, h Harness, batch int) {
+	fx := newFixture(t)
+	topic := h.NewTopic(t)
+	msgs := ids("ok", 0, 40)
+	poisonID := "poison-1"
+	// The poison sits in the middle; in Kafka, with one key, on one
+	// partition ahead of others.
+	all := append(append(append([]Msg{}, msgs[:20]...), Msg{ID: poisonID, Key: "0", Value: []byte("bad")}), msgs[20:]...)
+	h.Publish(t, topic, all)
+
+	var poisonRuns atomic.Int64
+	opts := fx.options("poison-"+topic, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == poisonID {
+			poisonRuns.Add(1)
+			return errors.New("cannot parse payload")
+		}
+		return fx.insert(ctx, tx, m)
+	})
+	opts.Batch = batch
+	stop := h.Start(t, topic, "g-"+topic, opts)
+	testsvc.Eventually(t, 60*time.Second, func() bool {
+		return fx.pg.Count(t, `SELECT count(*) FROM effects`) >= len(msgs) && len(h.DeadLetters(t, topic)) >= 1
+	}, "good messages run and the poison is dead-lettered")
+	stop()
+	fx.assertExactlyOnce(t, len(msgs))
+
+	dl := h.DeadLetters(t, topic)
+	require.Len(t, dl, 1)
+	require.Equal(t, poisonID, dl[0].ID)
+	require.Equal(t, "bad", string(dl[0].Value))
+	require.Contains(t, dl[0].Headers[consumer.HeaderDLError], "cannot parse payload")
+	require.Equal(t, "3", dl[0].Headers[consumer.HeaderDLAttempts])
+	require.NotEmpty(t, dl[0].Headers[consumer.HeaderDLOrigin])
+	require.GreaterOrEqual(t, poisonRuns.Load(), int64(3))
+	require.Equal(t, 1, fx.pg.Count(t, `SELECT count(*) FROM processed_events WHERE status = 'failed' AND event_id = $1`, poisonID))
+}
+
+func testNoID(t *testing.T, h Harness) {
+	fx := newFixture(t)
+	topic := h.NewTopic(t)
+	h.Publish(t, topic, []Msg{{ID: "a", Value: []byte("a")}, {ID: "", Value: []byte("anonymous")}, {ID: "b", Value: []byte("b")}})
+	stop := h.Start(t, topic, "g-"+topic, fx.options("noid-"+topic, fx.insert))
+	testsvc.Eventually(t, 60*time.Second, func() bool {
+		return fx.pg.Count(t, `SELECT count(*) FROM effects`) >= 2 && len(h.DeadLetters(t, topic)) >= 1
+	}, "messages with IDs run, the one without is dead-lettered")
+	stop()
+	fx.assertExactlyOnce(t, 2)
+	dl := h.DeadLetters(t, topic)
+	require.Len(t, dl, 1)
+	require.Equal(t, "anonymous", string(dl[0].Value))
+	require.Contains(t, dl[0].Headers[consumer.HeaderDLError], "no event ID")
+}
+
+func testRestart(t *testing.T, h Harness) {
+	fx := newFixture(t)
+	topic := h.NewTopic(t)
+	const n = 300
+	h.Publish(t, topic, ids("r", 0, n))
+	group := "g-" + topic
+	scope := "restart-" + topic
+	// Stop the first consumer mid-stream, several times over.
+	for round := 0; round < 3; round++ {
+		stop := h.Start(t, topic, group, fx.options(scope, fx.insert))
+		target := int64((round + 1) * n / 4)
+		testsvc.Eventually(t, 60*time.Second, func() bool { return fx.runs.Load() >= target }, "progress in round %d", round)
+		stop()
+	}
+	// Produce more while nobody consumes, including redelivered IDs.
+	h.Publish(t, topic, ids("r", n-50, n+100))
+	stop := h.Start(t, topic, group, fx.options(scope, fx.insert))
+	testsvc.Eventually(t, 60*time.Second, func() bool {
+		return fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`) >= n+100
+	}, "everything processed after restarts")
+	stop()
+	fx.assertExactlyOnce(t, n+100)
+}
+
+func testSharedGroup(t *testing.T, h Harness) {
+	fx := newFixture(t)
+	topic := h.NewTopic(t)
+	const n = 400
+	group := "g-" + topic
+	scope := "shared-" + topic
+	var mu sync.Mutex
+	var stops []func()
+	start := func() {
+		mu.Lock()
+		defer mu.Unlock()
+		stops = append(stops, h.Start(t, topic, group, fx.options(scope, fx.insert)))
+	}
+	start()
+	h.Publish(t, topic, ids("s", 0, n/2))
+	// A second member joins mid-stream: a rebalance.
+	testsvc.Eventually(t, 60*time.Second, func() bool { return fx.runs.Load() >= n/8 }, "first member progresses")
+	start()
+	h.Publish(t, topic, ids("s", n/2, n))
+	h.Publish(t, topic, ids("s", 0, n/4)) // redeliveries
+	testsvc.Eventually(t, 90*time.Second, func() bool {
+		return fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`) >= n
+	}, "all processed by the group (got %d)", fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`))
+	for _, s := range stops {
+		s()
+	}
+	fx.assertExactlyOnce(t, n)
+	if fx.runs.Load() != int64(n) {
+		t.Fatalf("handler ran %d times for %d events", fx.runs.Load(), n)
+	}
+}
