@@ -42,15 +42,15 @@ func (l *Ledger) Acquire(ctx context.Context, req Request, d time.Duration) (*Le
 	}
 	var lease *Lease
 	out, err := l.withWait(ctx, req, func() (Outcome, error) {
-		rows, err := l.store.claim(ctx, l.pool, []Request{req}, l.ttl, d, l.cfg.Owner)
+		cr, err := l.store.claimOne(ctx, l.pool, req, l.ttl(req), d, l.cfg.Owner)
 		if err != nil {
 			return Outcome{}, storeErr("claim", err)
 		}
-		if rows[0].claimed {
-			lease = &Lease{l: l, req: req, token: rows[0].rec.FencingToken, dur: d, start: time.Now()}
+		if cr.claimed {
+			lease = &Lease{l: l, req: req, token: cr.rec.FencingToken, dur: d, start: time.Now()}
 			return Outcome{}, nil
 		}
-		return classify(req, rows[0]), nil
+		return classify(req, cr), nil
 	})
 	return lease, out, err
 }

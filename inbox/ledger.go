@@ -44,6 +44,11 @@ type Config struct {
 	// Redis, when set, puts a lock and a replay cache in front of Postgres.
 	// Postgres stays the arbiter. See RedisConfig.
 	Redis *RedisConfig
+	// RecordDuration stores every handler's run time and completion time
+	// (duration_us, completed_at), at the cost of one more row update per
+	// event. Default false: rows with a result get them; rows without keep
+	// the claim time as completed_at and no duration.
+	RecordDuration bool
 	// Logger receives warnings (Redis episodes, janitor failures). Keys are
 	// masked. Nil: silent.
 	Logger *slog.Logger
@@ -214,39 +219,65 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 	defer pc.Release() // a connection left inside a transaction is destroyed, not reused
 	conn := pc.Conn()
 
+	// BEGIN travels with the claim: one round trip.
+	var sc recordScan
+	claimed := false
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	reqs := []Request{req}
-	b.Queue(l.store.claimSQL, claimArgs(reqs, l.ttl, 0, "")...)
-	br := conn.SendBatch(ctx, b)
-	_, err = br.Exec()
-	var rows []claimRow
-	if err == nil {
-		var qr pgx.Rows
-		qr, err = br.Query()
-		if err == nil {
-			rows, err = l.store.collectClaim(qr, reqs)
+	b.Queue(l.store.claimOneSQL, claimOneArgs(req, l.ttl(req), 0, "")...).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(sc.dest()...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
 		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
+		claimed = err == nil
+		return err
+	})
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		rollback(conn)
 		return Outcome{}, storeErr("claim", err)
 	}
-	cr := rows[0]
-	if !cr.claimed {
-		rollback(conn)
-		return classify(req, cr), nil
+	if !claimed {
+		// Not new: read the row and end the transaction in one round trip.
+		var found bool
+		var live bool
+		var rec *Record
+		b := &pgx.Batch{}
+		b.Queue(l.store.lookupSQL, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
+			var ls recordScan
+			err := row.Scan(ls.dest()...)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			found = err == nil
+			rec, live, _ = ls.record(req.Key)
+			return err
+		})
+		b.Queue("ROLLBACK")
+		if err := conn.SendBatch(ctx, b).Close(); err != nil {
+			rollback(conn)
+			return Outcome{}, storeErr("lookup", err)
+		}
+		if !found {
+			rec = nil
+		}
+		return classify(req, claimRow{rec: rec, live: live}), nil
 	}
+	cr := claimRow{claimed: true}
+	cr.rec, cr.live, cr.leased = sc.record(req.Key)
 
 	start := time.Now()
 	res, err := runHandler(ctx, conn, fn)
 	if err != nil {
 		return Outcome{}, err
 	}
-	if err := l.commit(ctx, conn, func(b *pgx.Batch) { l.store.queueComplete(b, req.Key, res, time.Since(start)) }); err != nil {
+	took := time.Since(start)
+	if err := l.commit(ctx, conn, func(b *pgx.Batch) {
+		// An empty result needs no second write: the claimed row is
+		// already done, stamped at claim time.
+		if !res.IsZero() || l.cfg.RecordDuration {
+			l.store.queueComplete(b, req.Key, res, took)
+		}
+	}); err != nil {
 		return Outcome{}, err
 	}
 	rec := cr.rec
@@ -348,13 +379,12 @@ func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, req Request, fn TxFunc) (O
 	if err := l.Validate(req); err != nil {
 		return Outcome{}, err
 	}
-	reqs := []Request{req}
-	rows, err := l.store.claim(ctx, tx, reqs, l.ttl, 0, "")
+	cr, err := l.store.claimOne(ctx, tx, req, l.ttl(req), 0, "")
 	if err != nil {
 		return Outcome{}, storeErr("claim", err)
 	}
-	if !rows[0].claimed {
-		out := classify(req, rows[0])
+	if !cr.claimed {
+		out := classify(req, cr)
 		l.observe(req, out, nil)
 		return out, nil
 	}

@@ -19,7 +19,7 @@ type pgStore struct {
 	table string // quoted, schema-qualified when a schema is configured
 	seq   string // quoted fencing sequence
 
-	claimSQL, lookupSQL, completeSQL                      string
+	claimSQL, claimOneSQL, lookupSQL, completeSQL         string
 	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
 	releaseSQL, failSQL, purgeSQL, statsSQL, liveSQL      string
 }
@@ -48,31 +48,17 @@ func newPGStore(schema string) *pgStore {
 		x.duration_us, x.created_at, x.completed_at, x.expires_at, x.expires_at > now(), x.lease_until > now()`, "x.", a+".")
 	}
 
-	// claim: one statement for one key or a whole batch, transactional or
-	// lease mode. A per-key advisory try-lock makes a concurrent claimer
-	// answer at once instead of waiting on the unique index. A row whose
-	// retention expired, or a lease-mode row whose lease expired (same
-	// fingerprint), is taken over. The statement returns, per input, either
-	// the claimed row or the existing one (NULL columns when none is visible).
-	s.claimSQL = r.Replace(`
-WITH u AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::bigint[], $8::bigint[])
-		WITH ORDINALITY AS u(scope, tenant, event_id, fingerprint, source, principal, ttl_us, lock_key, ord)
-), ins AS (
-	INSERT INTO {T} AS t (scope, tenant, event_id, status, fingerprint, source, principal,
+	// The claim inserts the row, or takes over a row whose retention
+	// expired or (lease mode) whose lease expired with the same
+	// fingerprint. A per-key advisory try-lock makes a concurrent claimer
+	// answer at once instead of waiting on the unique index. Lease mode
+	// ($9 > 0) writes status processing with a lease and a fencing token
+	// from the sequence; transactional mode writes done (the row becomes
+	// visible only at commit, with the effect).
+	insert := func(source, returning string) string {
+		return r.Replace(`INSERT INTO {T} AS t (scope, tenant, event_id, status, fingerprint, source, principal,
 		lease_owner, lease_until, fencing_token, attempts, created_at, completed_at, expires_at)
-	SELECT u.scope, u.tenant, u.event_id,
-		CASE WHEN $9::bigint > 0 THEN 'processing' ELSE 'done' END,
-		u.fingerprint, u.source, u.principal,
-		CASE WHEN $9::bigint > 0 THEN $10::text END,
-		CASE WHEN $9::bigint > 0 THEN now() + $9::bigint * interval '1 microsecond' END,
-		CASE WHEN $9::bigint > 0 THEN nextval('{SEQ}') ELSE 0 END,
-		1, now(),
-		CASE WHEN $9::bigint > 0 THEN NULL ELSE now() END,
-		now() + u.ttl_us * interval '1 microsecond'
-	FROM u
-	WHERE pg_try_advisory_xact_lock(u.lock_key)
-	ORDER BY u.ord
+	` + source + `
 	ON CONFLICT (scope, tenant, event_id) DO UPDATE SET
 		status = EXCLUDED.status, fingerprint = EXCLUDED.fingerprint, source = EXCLUDED.source,
 		principal = EXCLUDED.principal, lease_owner = EXCLUDED.lease_owner,
@@ -84,7 +70,34 @@ WITH u AS (
 	WHERE t.expires_at <= now()
 		OR (t.status = 'processing' AND t.lease_until <= now()
 			AND (EXCLUDED.fingerprint IS NULL OR t.fingerprint IS NULL OR t.fingerprint = EXCLUDED.fingerprint))
-	RETURNING t.scope, t.tenant, t.event_id, ` + cols("t") + `
+	RETURNING ` + returning)
+	}
+	modeCols := `CASE WHEN $9::bigint > 0 THEN 'processing' ELSE 'done' END`
+	leaseCols := `CASE WHEN $9::bigint > 0 THEN $10::text END,
+		CASE WHEN $9::bigint > 0 THEN now() + $9::bigint * interval '1 microsecond' END,
+		CASE WHEN $9::bigint > 0 THEN nextval('{SEQ}') ELSE 0 END,
+		1, now(),
+		CASE WHEN $9::bigint > 0 THEN NULL ELSE now() END`
+
+	// claimOneSQL: one key, scalar parameters; a plain INSERT that plans in
+	// microseconds. It returns the claimed row, or nothing (then look up).
+	s.claimOneSQL = insert(`SELECT $1::text, $2::text, $3::text, `+modeCols+`, $4::bytea, $5::text, $6::text,
+		`+leaseCols+`, now() + $7::bigint * interval '1 microsecond'
+	WHERE pg_try_advisory_xact_lock($8::bigint)`, cols("t"))
+
+	// claimSQL: a whole batch in one statement (array parameters). It
+	// returns, per input ordinal, the claimed row or the existing one (NULL
+	// columns when none is visible).
+	s.claimSQL = r.Replace(`
+WITH u AS (
+	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::bigint[], $8::bigint[])
+		WITH ORDINALITY AS u(scope, tenant, event_id, fingerprint, source, principal, ttl_us, lock_key, ord)
+), ins AS (
+	` + insert(`SELECT u.scope, u.tenant, u.event_id, `+modeCols+`, u.fingerprint, u.source, u.principal,
+		`+leaseCols+`, now() + u.ttl_us * interval '1 microsecond'
+	FROM u
+	WHERE pg_try_advisory_xact_lock(u.lock_key)
+	ORDER BY u.ord`, `t.scope, t.tenant, t.event_id, `+cols("t")) + `
 )
 SELECT u.ord, true, ` + cols("ins") + `
 	FROM u JOIN ins ON ins.scope = u.scope AND ins.tenant = u.tenant AND ins.event_id = u.event_id
@@ -123,8 +136,10 @@ SELECT u.ord, false, ` + cols("e") + `
 		attempts = EXCLUDED.attempts, completed_at = now(), lease_until = NULL, expires_at = EXCLUDED.expires_at
 	WHERE t.status <> 'done' OR t.expires_at <= now()`)
 
-	// purgeSQL deletes one batch of expired rows, oldest first, if this
-	// instance holds the janitor lock; rows locked by others are skipped.
+	// purgeSQL deletes one batch of expired rows if this instance holds the
+	// janitor lock; rows locked by others are skipped. No ORDER BY: the
+	// BRIN index yields expired rows in table order, and sorting every
+	// expired row for each small batch would cost more than it saves.
 	s.purgeSQL = r.Replace(`
 WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1) AS ok),
 d AS (
@@ -132,7 +147,7 @@ d AS (
 		SELECT ctid FROM {T}
 		WHERE (SELECT ok FROM l) AND expires_at <= now()
 			AND (status <> 'processing' OR lease_until IS NULL OR lease_until <= now())
-		ORDER BY expires_at LIMIT $2
+		LIMIT $2
 		FOR UPDATE SKIP LOCKED))
 	RETURNING 1
 )
@@ -175,6 +190,27 @@ type claimRow struct {
 
 // claim runs the claim statement on q for reqs (keys already validated and
 // unique), returning one claimRow per request in order.
+// claimOne claims one key on q: the claimed row, or (not claimed) the
+// existing row found by a second statement.
+func (s *pgStore) claimOne(ctx context.Context, q querier, req Request, ttl time.Duration, lease time.Duration, owner string) (claimRow, error) {
+	var sc recordScan
+	err := q.QueryRow(ctx, s.claimOneSQL, claimOneArgs(req, ttl, lease, owner)...).Scan(sc.dest()...)
+	if err == nil {
+		rec, live, leased := sc.record(req.Key)
+		return claimRow{claimed: true, rec: rec, live: live, leased: leased}, nil
+	}
+	if !errors.Is(err, pgx.ErrNoRows) {
+		return claimRow{}, err
+	}
+	rec, live, err := s.lookup(ctx, q, req.Key)
+	return claimRow{rec: rec, live: live}, err
+}
+
+func claimOneArgs(r Request, ttl time.Duration, lease time.Duration, owner string) []any {
+	return []any{r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal,
+		ttl.Microseconds(), lockKey(r.Key), lease.Microseconds(), owner}
+}
+
 func (s *pgStore) claim(ctx context.Context, q querier, reqs []Request, ttl func(Request) time.Duration, lease time.Duration, owner string) ([]claimRow, error) {
 	rows, err := q.Query(ctx, s.claimSQL, claimArgs(reqs, ttl, lease, owner)...)
 	if err != nil {

@@ -6,9 +6,11 @@
 CREATE SEQUENCE IF NOT EXISTS processed_events_fencing_seq AS bigint;
 
 CREATE TABLE IF NOT EXISTS processed_events (
-    scope            text        NOT NULL,
-    tenant           text        NOT NULL DEFAULT '',
-    event_id         text        NOT NULL,
+    -- Keys are opaque byte strings: "C" collation compares bytes, which is
+    -- both the right equality and the cheapest ordering for the index.
+    scope            text        COLLATE "C" NOT NULL,
+    tenant           text        COLLATE "C" NOT NULL DEFAULT '',
+    event_id         text        COLLATE "C" NOT NULL,
     status           text        NOT NULL,
     fingerprint      bytea,
     source           text        NOT NULL DEFAULT '',
@@ -29,9 +31,11 @@ CREATE TABLE IF NOT EXISTS processed_events (
     CONSTRAINT processed_events_status_check CHECK (status IN ('processing', 'done', 'failed'))
 );
 
--- The janitor deletes by expiry.
-CREATE INDEX IF NOT EXISTS processed_events_expires_at_idx
-    ON processed_events (expires_at);
+-- The janitor deletes by expiry. Rows arrive roughly in expiry order, so a
+-- BRIN index finds expired rows while costing almost nothing per insert
+-- (a B-tree here costs every claim an extra index insertion).
+CREATE INDEX IF NOT EXISTS processed_events_expires_at_brin
+    ON processed_events USING brin (expires_at);
 
 -- Stuck-lease queries look only at rows still processing (lease mode).
 CREATE INDEX IF NOT EXISTS processed_events_processing_idx

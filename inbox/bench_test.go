@@ -1,0 +1,163 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/testsvc"
+)
+
+// runMeasured runs n operations on workers goroutines and returns ops/s.
+func runMeasured(workers, n int, op func(i int) error) (float64, error) {
+	var next atomic.Int64
+	var firstErr error
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	start := time.Now()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= n {
+					return
+				}
+				if err := op(i); err != nil {
+					mu.Lock()
+					if firstErr == nil {
+						firstErr = err
+					}
+					mu.Unlock()
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return float64(n) / time.Since(start).Seconds(), firstErr
+}
+
+// compare runs base and subject alternately in rounds, in one process, and
+// reports both throughputs and their ratio (subject/base).
+func compare(b *testing.B, workers, perRound int, base, subject func(round, i int) error) {
+	b.Helper()
+	rounds := max(b.N/perRound, 1)
+	var baseRate, subjRate float64
+	for r := 0; r < rounds; r++ {
+		br, err := runMeasured(workers, perRound, func(i int) error { return base(r, i) })
+		require.NoError(b, err)
+		sr, err := runMeasured(workers, perRound, func(i int) error { return subject(r, i) })
+		require.NoError(b, err)
+		baseRate += br
+		subjRate += sr
+	}
+	baseRate /= float64(rounds)
+	subjRate /= float64(rounds)
+	b.ReportMetric(baseRate, "base-ops/s")
+	b.ReportMetric(subjRate, "ops/s")
+	b.ReportMetric(subjRate/baseRate, "ratio")
+	b.ReportMetric(1e9/subjRate, "ns/op")
+}
+
+// BenchmarkLedgerVsBare: the same one-INSERT handler bare in its own
+// transaction (BEGIN; INSERT; COMMIT) and wrapped by Ledger.Do, at 1 and 8
+// connections. Target: ratio ≥ 0.95.
+func BenchmarkLedgerVsBare(b *testing.B) {
+	for _, conns := range []int{1, 8} {
+		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
+			pg := testsvc.Postgres(b, testsvc.MaxConns(int32(conns)))
+			pg.Exec(b, `CREATE TABLE bare_payments (id text PRIMARY KEY, amount int NOT NULL)`)
+			pg.Exec(b, `CREATE TABLE payments (id text PRIMARY KEY, amount int NOT NULL)`)
+			l, err := inbox.New(pg.Pool, inbox.Config{})
+			require.NoError(b, err)
+			ctx := context.Background()
+			b.ResetTimer()
+			compare(b, conns, 2000,
+				func(r, i int) error {
+					return pgx.BeginFunc(ctx, pg.Pool, func(tx pgx.Tx) error {
+						_, err := tx.Exec(ctx, `INSERT INTO bare_payments (id, amount) VALUES ($1, 100)`, strconv.Itoa(r)+"-"+strconv.Itoa(i))
+						return err
+					})
+				},
+				func(r, i int) error {
+					id := strconv.Itoa(r) + "-" + strconv.Itoa(i)
+					out, err := l.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "bench", ID: id}}, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+						_, err := tx.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ($1, 100)`, id)
+						return inbox.Result{}, err
+					})
+					if err == nil && out.Disposition != inbox.Executed {
+						err = fmt.Errorf("unexpected %v", out.Disposition)
+					}
+					return err
+				})
+		})
+	}
+}
+
+// BenchmarkBatchVsPerEvent: 100 events a transaction through DoBatch,
+// against the same events one transaction each through Do, and against a
+// bare 100-insert transaction. Reports events/s and ratios.
+func BenchmarkBatchVsPerEvent(b *testing.B) {
+	const size = 100
+	pg := testsvc.Postgres(b, testsvc.MaxConns(8))
+	pg.Exec(b, `CREATE TABLE payments (id text PRIMARY KEY, amount int NOT NULL)`)
+	pg.Exec(b, `CREATE TABLE bare_payments (id text PRIMARY KEY, amount int NOT NULL)`)
+	l, err := inbox.New(pg.Pool, inbox.Config{})
+	require.NoError(b, err)
+	ctx := context.Background()
+	var seq atomic.Int64
+	batches := max(b.N/size, 8)
+	b.ResetTimer()
+
+	perEvent, err := runMeasured(8, batches*size/4, func(i int) error {
+		id := "e-" + strconv.FormatInt(seq.Add(1), 10)
+		_, err := l.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "bench", ID: id}}, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, id)
+			return inbox.Result{}, err
+		})
+		return err
+	})
+	require.NoError(b, err)
+
+	batchRate, err := runMeasured(8, batches, func(i int) error {
+		reqs := make([]inbox.Request, size)
+		for j := range reqs {
+			reqs[j] = inbox.Request{Key: inbox.Key{Scope: "bench", ID: "b-" + strconv.FormatInt(seq.Add(1), 10)}}
+		}
+		_, err := l.DoBatch(ctx, reqs, func(ctx context.Context, tx pgx.Tx, fresh []int) ([]inbox.Result, error) {
+			bt := &pgx.Batch{}
+			for _, k := range fresh {
+				bt.Queue(`INSERT INTO payments VALUES ($1, 1)`, reqs[k].ID)
+			}
+			return nil, tx.SendBatch(ctx, bt).Close()
+		})
+		return err
+	})
+	require.NoError(b, err)
+
+	bareRate, err := runMeasured(8, batches, func(i int) error {
+		return pgx.BeginFunc(ctx, pg.Pool, func(tx pgx.Tx) error {
+			bt := &pgx.Batch{}
+			for j := 0; j < size; j++ {
+				bt.Queue(`INSERT INTO bare_payments VALUES ($1, 1)`, "x-"+strconv.FormatInt(seq.Add(1), 10))
+			}
+			return tx.SendBatch(ctx, bt).Close()
+		})
+	})
+	require.NoError(b, err)
+	b.ReportMetric(perEvent, "per-event-ev/s")
+	b.ReportMetric(batchRate*size, "batch-ev/s")
+	b.ReportMetric(bareRate*size, "bare-batch-ev/s")
+	b.ReportMetric(batchRate*size/perEvent, "batch/per-event")
+	b.ReportMetric(batchRate/bareRate, "batch/bare-batch")
+}

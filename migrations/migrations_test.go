@@ -1,0 +1,96 @@
+package migrations_test
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/migrations"
+)
+
+func tableExists(t *testing.T, pg *testsvc.PG, schema string) bool {
+	var ok bool
+	require.NoError(t, pg.Pool.QueryRow(context.Background(),
+		`SELECT to_regclass(quote_ident($1) || '.processed_events') IS NOT NULL`, schema).Scan(&ok))
+	return ok
+}
+
+func TestUpDownUp(t *testing.T) {
+	t.Parallel()
+	pg := testsvc.Postgres(t, testsvc.NoMigrate())
+	ctx := context.Background()
+	schema := pg.Schema + "_ledger" // a schema other than the search_path
+	t.Cleanup(func() { _, _ = pg.Pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`) })
+	m := migrations.New(pg.Pool, migrations.Config{Schema: schema})
+
+	st, err := m.Status(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 0, st.Version)
+	require.Equal(t, []int{1}, st.Pending)
+
+	res, err := m.Up(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []int{1}, res.Applied)
+	require.True(t, tableExists(t, pg, schema))
+	require.False(t, tableExists(t, pg, pg.Schema), "nothing lands in the search_path schema")
+
+	res, err = m.Up(ctx)
+	require.NoError(t, err)
+	require.Empty(t, res.Applied, "up again is a no-op")
+
+	res, err = m.Down(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []int{1}, res.Applied)
+	require.False(t, tableExists(t, pg, schema))
+
+	_, err = m.Up(ctx)
+	require.NoError(t, err)
+	st, err = m.Status(ctx)
+	require.NoError(t, err)
+	require.Equal(t, m.Latest(), st.Version)
+	require.Empty(t, st.Pending)
+
+	_, err = m.Migrate(ctx, 99)
+	require.True(t, errors.Is(err, migrations.ErrUnknownVersion))
+}
+
+func TestConcurrentMigrators(t *testing.T) {
+	t.Parallel()
+	pg := testsvc.Postgres(t, testsvc.NoMigrate(), testsvc.MaxConns(10))
+	ctx := context.Background()
+	var wg sync.WaitGroup
+	applied := make([][]int, 6)
+	errs := make([]error, 6)
+	for i := range applied {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			res, err := migrations.New(pg.Pool, migrations.Config{}).Up(ctx)
+			applied[i], errs[i] = res.Applied, err
+		}()
+	}
+	wg.Wait()
+	total := 0
+	for i := range applied {
+		require.NoError(t, errs[i])
+		total += len(applied[i])
+	}
+	require.Equal(t, 1, total, "exactly one instance applies each migration")
+	require.True(t, tableExists(t, pg, pg.Schema))
+	require.Equal(t, 1, pg.Count(t, `SELECT count(*) FROM justonce_migrations`))
+}
+
+func TestFilesArePlainAndPaired(t *testing.T) {
+	t.Parallel()
+	all, err := migrations.All()
+	require.NoError(t, err)
+	require.NotEmpty(t, all)
+	for i, m := range all {
+		require.Equal(t, i+1, m.Version, "versions are consecutive")
+		require.NotContains(t, m.Up, "{{", "no templating: golang-migrate users take the files as they are")
+	}
+}
