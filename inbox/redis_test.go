@@ -1,0 +1,287 @@
+package inbox_test
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/testsvc"
+)
+
+func redisLedger(t *testing.T, rc inbox.RedisConfig) *bundle {
+	t.Helper()
+	if rc.Client == nil {
+		c, prefix := testsvc.Redis(t)
+		rc.Client, rc.Prefix = c, prefix
+	}
+	return setup(t, inbox.Config{Redis: &rc}, testsvc.MaxConns(8))
+}
+
+func TestRedisLosersFailFastWithoutPostgres(t *testing.T) {
+	t.Parallel()
+	b := redisLedger(t, inbox.RedisConfig{})
+	ctx := context.Background()
+	before := b.pg.Pool.Stat().AcquireCount()
+	var ran atomic.Int64
+	var counts [5]atomic.Int64
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := 0; i < 200; i++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			out, err := b.ledger.Do(ctx, req("orders", "hot"), func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+				time.Sleep(50 * time.Millisecond)
+				return pay("p1", &ran)(ctx, tx)
+			})
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			counts[out.Disposition].Add(1)
+		}()
+	}
+	close(start)
+	wg.Wait()
+	require.EqualValues(t, 1, ran.Load())
+	require.EqualValues(t, 1, counts[inbox.Executed].Load())
+	require.EqualValues(t, 199, counts[inbox.InFlight].Load()+counts[inbox.Duplicate].Load())
+	// Only the winner took a Postgres connection.
+	require.EqualValues(t, 1, b.pg.Pool.Stat().AcquireCount()-before)
+	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM payments`))
+
+	// A duplicate now is answered from the cache, still without Postgres.
+	before = b.pg.Pool.Stat().AcquireCount()
+	out, err := b.ledger.Do(ctx, req("orders", "hot"), pay("p1", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Duplicate, out.Disposition)
+	require.True(t, out.Cached)
+	require.Equal(t, `{"id":"p1"}`, string(out.Result.Body))
+	require.EqualValues(t, 0, b.pg.Pool.Stat().AcquireCount()-before)
+}
+
+func TestRedisLockOwnership(t *testing.T) {
+	t.Parallel()
+	c, prefix := testsvc.Redis(t)
+	b := redisLedger(t, inbox.RedisConfig{Client: c, Prefix: prefix, LockTTL: 300 * time.Millisecond})
+	ctx := context.Background()
+	k := req("orders", "locked")
+	_, lockKey := b.ledger.RedisKeys(k.Key)
+
+	// A holder that crashed left its lock: others are turned away...
+	require.NoError(t, c.Set(ctx, lockKey, "someone-else", 300*time.Millisecond).Err())
+	out, err := b.ledger.Do(ctx, k, pay("p", nil))
+	require.NoError(t, err)
+	require.Equal(t, inbox.InFlight, out.Disposition)
+	// ...and the lock is never released by a non-owner.
+	v, err := c.Get(ctx, lockKey).Result()
+	require.NoError(t, err)
+	require.Equal(t, "someone-else", v)
+
+	// Once it expires the key is taken over.
+	testsvc.Eventually(t, 5*time.Second, func() bool {
+		out, err = b.ledger.Do(ctx, k, pay("p", nil))
+		require.NoError(t, err)
+		return out.Disposition == inbox.Executed
+	}, "expired lock taken over")
+	// Our own lock is gone after the run; a foreign one set meanwhile stays.
+	require.Zero(t, c.Exists(ctx, lockKey).Val())
+
+	// A long handler keeps its lock alive past LockTTL.
+	long := req("orders", "long")
+	_, longLock := b.ledger.RedisKeys(long.Key)
+	var others atomic.Int64
+	out, err = b.ledger.Do(ctx, long, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+		deadline := time.Now().Add(time.Second) // > 3 × LockTTL
+		for time.Now().Before(deadline) {
+			if c.Exists(ctx, longLock).Val() != 1 {
+				return inbox.Result{}, fmt.Errorf("lock lapsed while the handler ran")
+			}
+			others.Add(1)
+			time.Sleep(20 * time.Millisecond)
+		}
+		return inbox.Result{}, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+}
+
+func TestRedisCacheFollowsTheLedger(t *testing.T) {
+	t.Parallel()
+	c, prefix := testsvc.Redis(t)
+	b := redisLedger(t, inbox.RedisConfig{Client: c, Prefix: prefix})
+	ctx := context.Background()
+	var ran atomic.Int64
+
+	// Expiry: the cache entry lives as long as the row.
+	r := req("orders", "ttl")
+	r.TTL = 400 * time.Millisecond
+	_, err := b.ledger.Do(ctx, r, pay("p1", &ran))
+	require.NoError(t, err)
+	resKey, _ := b.ledger.RedisKeys(r.Key)
+	pttl := c.PTTL(ctx, resKey).Val()
+	require.Greater(t, pttl, time.Duration(0))
+	require.LessOrEqual(t, pttl, 400*time.Millisecond)
+	out, err := b.ledger.Do(ctx, r, pay("p1", &ran))
+	require.NoError(t, err)
+	require.True(t, out.Cached)
+	testsvc.Eventually(t, 5*time.Second, func() bool {
+		out, err = b.ledger.Do(ctx, r, pay(fmt.Sprintf("p-%d", ran.Load()+1), &ran))
+		require.NoError(t, err)
+		return out.Disposition == inbox.Executed
+	}, "key new again after expiry")
+	require.EqualValues(t, 2, ran.Load())
+
+	// Release: a released row is not replayed from a stale cache.
+	r2 := req("orders", "rel")
+	_, err = b.ledger.Do(ctx, r2, pay("r1", &ran))
+	require.NoError(t, err)
+	out, err = b.ledger.Do(ctx, r2, pay("r1", &ran))
+	require.NoError(t, err)
+	require.True(t, out.Cached)
+	ok, err := b.ledger.Release(ctx, r2.Key)
+	require.NoError(t, err)
+	require.True(t, ok)
+	out, err = b.ledger.Do(ctx, r2, pay("r2", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	require.False(t, out.Cached)
+
+	// A mismatch is answered from the cache too.
+	r3 := req("orders", "fp")
+	r3.Fingerprint = []byte("a")
+	_, err = b.ledger.Do(ctx, r3, pay("f1", &ran))
+	require.NoError(t, err)
+	r3.Fingerprint = []byte("b")
+	out, err = b.ledger.Do(ctx, r3, pay("f2", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Mismatch, out.Disposition)
+	require.True(t, out.Cached)
+
+	// Results over the size cap are served by Postgres, whole.
+	small := redisLedger(t, inbox.RedisConfig{Client: c, Prefix: prefix + "small:", MaxCachedBytes: 64})
+	big := make([]byte, 4096)
+	r4 := req("orders", "big")
+	_, err = small.ledger.Do(ctx, r4, func(context.Context, pgx.Tx) (inbox.Result, error) { return inbox.Result{Body: big}, nil })
+	require.NoError(t, err)
+	out, err = small.ledger.Do(ctx, r4, pay("x", nil))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Duplicate, out.Disposition)
+	require.False(t, out.Cached)
+	require.Len(t, out.Result.Body, 4096)
+}
+
+// TestRedisOutage stops Redis in the middle of 5,000 keyed operations with
+// duplicates and starts it again: nothing doubles, nothing is lost, work
+// goes on through Postgres, the fallback is counted, and the fast path
+// comes back.
+func TestRedisOutage(t *testing.T) {
+	t.Parallel()
+	rp := testsvc.StartRedis(t)
+	client := testsvc.NewRedisClient(rp.Addr)
+	t.Cleanup(func() { _ = client.Close() })
+	logs := &countingHandler{}
+	b := setup(t, inbox.Config{Logger: slog.New(logs), Redis: &inbox.RedisConfig{Client: client, Timeout: 50 * time.Millisecond}}, testsvc.MaxConns(8))
+	ctx := context.Background()
+
+	const ops, unique, workers = 5000, 2500, 8
+	var next, done, doneWhileDown atomic.Int64
+	var down atomic.Bool
+	var maxLatency atomic.Int64
+	var wg sync.WaitGroup
+	errs := make(chan error, workers)
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := next.Add(1) - 1
+				if i >= ops {
+					return
+				}
+				// Each key twice: once in the first half, once in the second
+				// (j and j+unique), with neighbours overlapping.
+				id := fmt.Sprintf("k-%d", i%unique)
+				start := time.Now()
+				for {
+					out, err := b.ledger.Do(ctx, req("outage", id), func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+						_, err := tx.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ($1, 1)`, id)
+						return inbox.Result{Code: 200}, err
+					})
+					if err != nil {
+						errs <- err
+						return
+					}
+					if out.Disposition != inbox.InFlight {
+						break
+					}
+					time.Sleep(time.Millisecond) // a client retrying an in-flight key
+				}
+				if d := time.Since(start).Nanoseconds(); d > maxLatency.Load() {
+					maxLatency.Store(d)
+				}
+				done.Add(1)
+				if down.Load() {
+					doneWhileDown.Add(1)
+				}
+			}
+		}()
+	}
+	testsvc.Eventually(t, 60*time.Second, func() bool { return done.Load() >= 1500 }, "first third done")
+	rp.Stop(t)
+	down.Store(true)
+	testsvc.Eventually(t, 60*time.Second, func() bool { return done.Load() >= 3000 }, "work goes on while Redis is down")
+	down.Store(false)
+	fallbacks := b.ledger.Counters().RedisFallbacks
+	rp.Start(t)
+	hitsAtRestart := b.ledger.Counters().CacheHits
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		require.NoError(t, err)
+	}
+
+	// Another pass of duplicates: keys refilled after the restart are
+	// answered from Redis again.
+	for i := 0; i < unique; i++ {
+		out, err := b.ledger.Do(ctx, req("outage", fmt.Sprintf("k-%d", i)), pay("never", nil))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Duplicate, out.Disposition)
+	}
+	require.EqualValues(t, ops, done.Load())
+	require.Equal(t, unique, b.pg.Count(t, `SELECT count(*) FROM payments`), "0 lost, 0 doubled")
+	require.Equal(t, unique, b.pg.Count(t, `SELECT count(*) FROM processed_events`))
+	require.Greater(t, doneWhileDown.Load(), int64(100), "operations kept flowing without Redis")
+	require.Greater(t, fallbacks, uint64(0), "fallbacks counted")
+	c := b.ledger.Counters()
+	require.Greater(t, c.CacheHits, hitsAtRestart, "fast path resumed after restart")
+	require.EqualValues(t, 1, logs.warn.Load(), "one warning per outage episode, not per request")
+	require.EqualValues(t, 1, logs.info.Load(), "one recovery notice")
+	t.Logf("ops=%d while-down=%d fallbacks=%d cache-hits=%d max-latency=%s",
+		done.Load(), doneWhileDown.Load(), c.RedisFallbacks, c.CacheHits, time.Duration(maxLatency.Load()))
+}
+
+// countingHandler counts log records by level.
+type countingHandler struct{ warn, info atomic.Int64 }
+
+func (h *countingHandler) Enabled(context.Context, slog.Level) bool { return true }
+func (h *countingHandler) WithAttrs([]slog.Attr) slog.Handler       { return h }
+func (h *countingHandler) WithGroup(string) slog.Handler            { return h }
+func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
+	switch {
+	case r.Level >= slog.LevelWarn:
+		h.warn.Add(1)
+	case r.Level == slog.LevelInfo:
+		h.info.Add(1)
+	}
+	return nil
+}
