@@ -84,7 +84,16 @@ type redisFront struct {
 	log   *slog.Logger
 	stats *counters
 	down  atomic.Bool
+
+	logMu    sync.Mutex
+	lastWarn time.Time // when the last episode's warning was logged
+	warned   bool      // a warning is out with no recovery notice yet
 }
+
+// episodeGap: failures within this long of the last warning belong to the
+// same episode (a restart fails a few pooled connections after the first
+// success).
+const episodeGap = 30 * time.Second
 
 func newRedisFront(cfg RedisConfig, log *slog.Logger, stats *counters) *redisFront {
 	return &redisFront{cfg: cfg, log: log, stats: stats}
@@ -99,13 +108,26 @@ func (f *redisFront) keys(k Key) (res, lock string) {
 // failed counts a Redis failure and logs the first of an episode.
 func (f *redisFront) failed(op string, err error) {
 	f.stats.redisFallbacks.Add(1)
-	if f.down.CompareAndSwap(false, true) {
+	if !f.down.CompareAndSwap(false, true) {
+		return
+	}
+	f.logMu.Lock()
+	defer f.logMu.Unlock()
+	if time.Since(f.lastWarn) > episodeGap {
+		f.lastWarn = time.Now()
+		f.warned = true
 		f.log.Warn("justonce: Redis unavailable, continuing on Postgres alone", "op", op, "err", err)
 	}
 }
 
 func (f *redisFront) ok() {
-	if f.down.CompareAndSwap(true, false) {
+	if !f.down.CompareAndSwap(true, false) {
+		return
+	}
+	f.logMu.Lock()
+	defer f.logMu.Unlock()
+	if f.warned {
+		f.warned = false
 		f.log.Info("justonce: Redis is back, fast path resumed")
 	}
 }
@@ -173,9 +195,17 @@ func (f *redisFront) do(ctx context.Context, l *Ledger, req Request, pg func() (
 		value, ttl = f.encode(out)
 	}
 	res, lock := f.keys(req.Key)
-	cctx, cancel := f.call(context.WithoutCancel(ctx))
-	defer cancel()
-	if ferr := finishScript.Run(cctx, f.cfg.Client, []string{res, lock}, token, value, ttl.Milliseconds()).Err(); ferr != nil {
+	// Try twice: right after a Redis restart the first call may fail on a
+	// stale pooled connection, and a lock left behind would turn duplicates
+	// away as in flight until it lapses.
+	for try := 0; try < 2; try++ {
+		cctx, cancel := f.call(context.WithoutCancel(ctx))
+		ferr := finishScript.Run(cctx, f.cfg.Client, []string{res, lock}, token, value, ttl.Milliseconds()).Err()
+		cancel()
+		if ferr == nil {
+			f.ok()
+			break
+		}
 		f.failed("finish", ferr)
 	}
 	return out, err
