@@ -161,3 +161,56 @@ func BenchmarkBatchVsPerEvent(b *testing.B) {
 	b.ReportMetric(batchRate*size/perEvent, "batch/per-event")
 	b.ReportMetric(batchRate/bareRate, "batch/bare-batch")
 }
+
+// BenchmarkDuplicateRedisVsPostgres: answering a duplicate from the Redis
+// replay cache against from Postgres only, and turning an in-flight key
+// away through Redis against through Postgres. Target: cache ≥ 3×.
+func BenchmarkDuplicateRedisVsPostgres(b *testing.B) {
+	const keys = 200
+	pg := testsvc.Postgres(b, testsvc.MaxConns(8))
+	pg.Exec(b, `CREATE TABLE payments (id text PRIMARY KEY, amount int NOT NULL)`)
+	client, prefix := testsvc.Redis(b)
+	pgOnly, err := inbox.New(pg.Pool, inbox.Config{})
+	require.NoError(b, err)
+	cached, err := inbox.New(pg.Pool, inbox.Config{Redis: &inbox.RedisConfig{Client: client, Prefix: prefix}})
+	require.NoError(b, err)
+	ctx := context.Background()
+	body := []byte(`{"id":"pay_123","status":"succeeded","amount":1000,"currency":"eur"}`)
+	for i := 0; i < keys; i++ {
+		_, err := cached.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "bench", ID: strconv.Itoa(i)}}, func(context.Context, pgx.Tx) (inbox.Result, error) {
+			return inbox.Result{Code: 201, Body: body}, nil
+		})
+		require.NoError(b, err)
+	}
+	dup := func(l *inbox.Ledger) func(r, i int) error {
+		return func(r, i int) error {
+			out, err := l.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "bench", ID: strconv.Itoa(i % keys)}}, func(context.Context, pgx.Tx) (inbox.Result, error) {
+				return inbox.Result{}, fmt.Errorf("must not run")
+			})
+			if err == nil && out.Disposition != inbox.Duplicate {
+				err = fmt.Errorf("unexpected %v", out.Disposition)
+			}
+			return err
+		}
+	}
+	b.Run("replay", func(b *testing.B) { compare(b, 8, 2000, dup(pgOnly), dup(cached)) })
+
+	// In flight: a lease holds the key in Postgres and a lock in Redis.
+	held := inbox.Request{Key: inbox.Key{Scope: "bench", ID: "held"}}
+	lease, _, err := pgOnly.Acquire(ctx, held, time.Hour)
+	require.NoError(b, err)
+	defer func() { _ = lease.Release(ctx) }()
+	_, lockKey := cached.RedisKeys(held.Key)
+	require.NoError(b, client.Set(ctx, lockKey, "holder", time.Hour).Err())
+	defer client.Del(ctx, lockKey)
+	busy := func(l *inbox.Ledger) func(r, i int) error {
+		return func(r, i int) error {
+			out, err := l.Do(ctx, held, func(context.Context, pgx.Tx) (inbox.Result, error) { return inbox.Result{}, fmt.Errorf("must not run") })
+			if err == nil && out.Disposition != inbox.InFlight {
+				err = fmt.Errorf("unexpected %v", out.Disposition)
+			}
+			return err
+		}
+	}
+	b.Run("in-flight", func(b *testing.B) { compare(b, 8, 2000, busy(pgOnly), busy(cached)) })
+}
