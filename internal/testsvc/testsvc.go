@@ -15,16 +15,14 @@
 package testsvc
 
 import (
-	"bufio"
 	"context"
-	"os"
-	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/testcontainers/testcontainers-go"
+
+	"github.com/justonce/justonce/internal/svcenv"
 )
 
 // Environment variables naming running services.
@@ -37,64 +35,13 @@ const (
 
 const howTo = "start the test services with `make services-up` (no Docker needed), or set %s to a running one, or run a Docker engine for testcontainers-go"
 
-var (
-	envOnce sync.Once
-	envFile map[string]string
-)
-
 // Getenv returns the variable from the environment, else from the
 // .services.env file at the repository root.
-func Getenv(name string) string {
-	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	envOnce.Do(func() { envFile = readEnvFile() })
-	return envFile[name]
-}
+func Getenv(name string) string { return svcenv.Get(name) }
 
 // RepoRoot returns the directory holding go.mod, searching up from the
 // working directory.
-func RepoRoot() string {
-	dir, err := os.Getwd()
-	if err != nil {
-		return ""
-	}
-	for {
-		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-			return dir
-		}
-		parent := filepath.Dir(dir)
-		if parent == dir {
-			return ""
-		}
-		dir = parent
-	}
-}
-
-func readEnvFile() map[string]string {
-	out := map[string]string{}
-	root := RepoRoot()
-	if root == "" {
-		return out
-	}
-	f, err := os.Open(filepath.Join(root, ".services.env"))
-	if err != nil {
-		return out
-	}
-	defer f.Close()
-	sc := bufio.NewScanner(f)
-	for sc.Scan() {
-		line := strings.TrimSpace(sc.Text())
-		if line == "" || strings.HasPrefix(line, "#") {
-			continue
-		}
-		k, v, ok := strings.Cut(line, "=")
-		if ok {
-			out[strings.TrimSpace(k)] = strings.Trim(strings.TrimSpace(v), `"'`)
-		}
-	}
-	return out
-}
+func RepoRoot() string { return svcenv.RepoRoot() }
 
 var (
 	dockerOnce sync.Once
