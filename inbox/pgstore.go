@@ -211,14 +211,6 @@ func claimOneArgs(r Request, ttl time.Duration, lease time.Duration, owner strin
 		ttl.Microseconds(), lockKey(r.Key), lease.Microseconds(), owner}
 }
 
-func (s *pgStore) claim(ctx context.Context, q querier, reqs []Request, ttl func(Request) time.Duration, lease time.Duration, owner string) ([]claimRow, error) {
-	rows, err := q.Query(ctx, s.claimSQL, claimArgs(reqs, ttl, lease, owner)...)
-	if err != nil {
-		return nil, err
-	}
-	return s.collectClaim(rows, reqs)
-}
-
 func (s *pgStore) collectClaim(rows pgx.Rows, reqs []Request) ([]claimRow, error) {
 	defer rows.Close()
 	out := make([]claimRow, len(reqs))

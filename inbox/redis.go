@@ -218,8 +218,7 @@ func (f *redisFront) keepLock(ctx context.Context, k Key, token string) (stop fu
 	stopped := false
 	var t *time.Timer
 	every := f.cfg.LockTTL / 3
-	var tick func()
-	tick = func() {
+	tick := func() {
 		cctx, cancel := f.call(context.WithoutCancel(ctx))
 		err := extendScript.Run(cctx, f.cfg.Client, []string{lock}, token, f.cfg.LockTTL.Milliseconds()).Err()
 		cancel()
