@@ -1,7 +1,13 @@
 package inbox
 
-// JanitorLockKey exposes the janitor's advisory lock key to tests.
-func (l *Ledger) JanitorLockKey() int64 { return l.store.janitorLockKey() }
+import "strings"
+
+// JanitorLockSQL returns a statement taking the janitor's advisory lock, for
+// tests.
+func (l *Ledger) JanitorLockSQL() (string, int64) {
+	return strings.NewReplacer("{T}", l.store.table).Replace(
+		`SELECT pg_advisory_xact_lock($1::bigint # (('{T}'::regclass)::oid::bigint << 32))`), l.store.janitorLockKey()
+}
 
 // RedisKeys exposes the Redis key names of k to tests.
 func (l *Ledger) RedisKeys(k Key) (res, lock string) { return l.fast.keys(k) }

@@ -468,7 +468,8 @@ func TestJanitorOneInstanceAtATime(t *testing.T) {
 	// Another instance holds the janitor lock: this one deletes nothing.
 	tx, err := b.pg.Pool.Begin(ctx)
 	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock($1)`, b.ledger.JanitorLockKey())
+	lockSQL, lockKey := b.ledger.JanitorLockSQL()
+	_, err = tx.Exec(ctx, lockSQL, lockKey)
 	require.NoError(t, err)
 	n, locked, err := b.ledger.PurgeExpired(ctx, 10)
 	require.NoError(t, err)

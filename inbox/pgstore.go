@@ -39,7 +39,10 @@ func newPGStore(schema string) *pgStore {
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
 	s := &pgStore{table: ident("processed_events"), seq: ident("processed_events_fencing_seq")}
-	r := strings.NewReplacer("{T}", s.table, "{SEQ}", s.seq)
+	// {OID} mixes the table's identity into advisory lock keys, so that
+	// ledgers in different schemas of one database never contend.
+	oid := "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
+	r := strings.NewReplacer("{T}", s.table, "{SEQ}", s.seq, "{OID}", oid)
 
 	// recordCols lists a row's columns under an alias, in scanRecord order.
 	cols := func(a string) string {
@@ -83,7 +86,7 @@ func newPGStore(schema string) *pgStore {
 	// microseconds. It returns the claimed row, or nothing (then look up).
 	s.claimOneSQL = insert(`SELECT $1::text, $2::text, $3::text, `+modeCols+`, $4::bytea, $5::text, $6::text,
 		`+leaseCols+`, now() + $7::bigint * interval '1 microsecond'
-	WHERE pg_try_advisory_xact_lock($8::bigint)`, cols("t"))
+	WHERE pg_try_advisory_xact_lock($8::bigint # {OID})`, cols("t"))
 
 	// claimSQL: a whole batch in one statement (array parameters). It
 	// returns, per input ordinal, the claimed row or the existing one (NULL
@@ -96,7 +99,7 @@ WITH u AS (
 	` + insert(`SELECT u.scope, u.tenant, u.event_id, `+modeCols+`, u.fingerprint, u.source, u.principal,
 		`+leaseCols+`, now() + u.ttl_us * interval '1 microsecond'
 	FROM u
-	WHERE pg_try_advisory_xact_lock(u.lock_key)
+	WHERE pg_try_advisory_xact_lock(u.lock_key # {OID})
 	ORDER BY u.ord`, `t.scope, t.tenant, t.event_id, `+cols("t")) + `
 )
 SELECT u.ord, true, ` + cols("ins") + `
@@ -141,7 +144,7 @@ SELECT u.ord, false, ` + cols("e") + `
 	// BRIN index yields expired rows in table order, and sorting every
 	// expired row for each small batch would cost more than it saves.
 	s.purgeSQL = r.Replace(`
-WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1) AS ok),
+WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1::bigint # {OID}) AS ok),
 d AS (
 	DELETE FROM {T} WHERE ctid = ANY(ARRAY(
 		SELECT ctid FROM {T}
@@ -171,8 +174,8 @@ func lockKey(k Key) int64 {
 	return int64(h.Sum64())
 }
 
-// janitorLockKey is the advisory lock that lets one janitor run at a time
-// per table.
+// janitorLockKey is the advisory lock (mixed with the table's OID in SQL)
+// that lets one janitor run at a time per table.
 func (s *pgStore) janitorLockKey() int64 {
 	h := fnv.New64a()
 	h.Write([]byte("justonce.janitor:" + s.table))
