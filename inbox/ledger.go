@@ -220,12 +220,12 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 	conn := pc.Conn()
 
 	// BEGIN travels with the claim: one round trip.
-	var sc recordScan
+	var c claimedScan
 	claimed := false
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
 	b.Queue(l.store.claimOneSQL, claimOneArgs(req, l.ttl(req), 0, "")...).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(sc.dest()...)
+		err := row.Scan(c.dest()...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -262,8 +262,7 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 		}
 		return classify(req, claimRow{rec: rec, live: live}), nil
 	}
-	cr := claimRow{claimed: true}
-	cr.rec, cr.live, cr.leased = sc.record(req.Key)
+	cr := claimRow{claimed: true, rec: c.record(req, 0, ""), live: true}
 
 	start := time.Now()
 	res, err := runHandler(ctx, conn, fn)

@@ -75,6 +75,8 @@ func newPGStore(schema string) *pgStore {
 			AND (EXCLUDED.fingerprint IS NULL OR t.fingerprint IS NULL OR t.fingerprint = EXCLUDED.fingerprint))
 	RETURNING ` + returning)
 	}
+	// A claim returns only what the request does not already say.
+	const claimedCols = `t.fencing_token, t.attempts, t.created_at, t.expires_at, t.lease_until`
 	modeCols := `CASE WHEN $9::bigint > 0 THEN 'processing' ELSE 'done' END`
 	leaseCols := `CASE WHEN $9::bigint > 0 THEN $10::text END,
 		CASE WHEN $9::bigint > 0 THEN now() + $9::bigint * interval '1 microsecond' END,
@@ -86,7 +88,7 @@ func newPGStore(schema string) *pgStore {
 	// microseconds. It returns the claimed row, or nothing (then look up).
 	s.claimOneSQL = insert(`SELECT $1::text, $2::text, $3::text, `+modeCols+`, $4::bytea, $5::text, $6::text,
 		`+leaseCols+`, now() + $7::bigint * interval '1 microsecond'
-	WHERE pg_try_advisory_xact_lock($8::bigint # {OID})`, cols("t"))
+	WHERE pg_try_advisory_xact_lock($8::bigint # {OID})`, claimedCols)
 
 	// claimSQL: a whole batch in one statement (array parameters). It
 	// returns, per input ordinal, the claimed row or the existing one (NULL
@@ -166,12 +168,21 @@ SELECT (SELECT ok FROM l), count(*) FROM d`)
 // lockKey is the advisory lock a claim takes for a key: FNV-1a 64 over the
 // length-prefixed parts, so ("a:b","c") and ("a","b:c") differ.
 func lockKey(k Key) int64 {
-	h := fnv.New64a()
+	const offset, prime = 14695981039346656037, 1099511628211
+	h := uint64(offset)
 	for _, p := range [3]string{k.Scope, k.Tenant, k.ID} {
-		fmt.Fprintf(h, "%d:", len(p))
-		h.Write([]byte(p))
+		for n := len(p); ; n /= 10 { // the length, in decimal digits
+			h = (h ^ uint64('0'+n%10)) * prime
+			if n < 10 {
+				break
+			}
+		}
+		h = (h ^ ':') * prime
+		for i := 0; i < len(p); i++ {
+			h = (h ^ uint64(p[i])) * prime
+		}
 	}
-	return int64(h.Sum64())
+	return int64(h)
 }
 
 // janitorLockKey is the advisory lock (mixed with the table's OID in SQL)
@@ -196,11 +207,10 @@ type claimRow struct {
 // claimOne claims one key on q: the claimed row, or (not claimed) the
 // existing row found by a second statement.
 func (s *pgStore) claimOne(ctx context.Context, q querier, req Request, ttl time.Duration, lease time.Duration, owner string) (claimRow, error) {
-	var sc recordScan
-	err := q.QueryRow(ctx, s.claimOneSQL, claimOneArgs(req, ttl, lease, owner)...).Scan(sc.dest()...)
+	var c claimedScan
+	err := q.QueryRow(ctx, s.claimOneSQL, claimOneArgs(req, ttl, lease, owner)...).Scan(c.dest()...)
 	if err == nil {
-		rec, live, leased := sc.record(req.Key)
-		return claimRow{claimed: true, rec: rec, live: live, leased: leased}, nil
+		return claimRow{claimed: true, rec: c.record(req, lease, owner), live: true, leased: lease > 0}, nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return claimRow{}, err
@@ -232,6 +242,31 @@ func (s *pgStore) collectClaim(rows pgx.Rows, reqs []Request) ([]claimRow, error
 		out[i] = cr
 	}
 	return out, rows.Err()
+}
+
+// claimedScan receives the columns a claim returns.
+type claimedScan struct {
+	token            int64
+	attempts         int32
+	created, expires time.Time
+	leaseUntil       *time.Time
+}
+
+func (c *claimedScan) dest() []any {
+	return []any{&c.token, &c.attempts, &c.created, &c.expires, &c.leaseUntil}
+}
+
+// record builds the claimed row from the request and the returned columns.
+func (c *claimedScan) record(req Request, lease time.Duration, owner string) *Record {
+	rec := &Record{
+		Key: req.Key, Status: StatusDone, Fingerprint: req.Fingerprint, Source: req.Source,
+		Principal: req.Principal, FencingToken: c.token, Attempts: int(c.attempts),
+		CreatedAt: c.created, CompletedAt: c.created, ExpiresAt: c.expires,
+	}
+	if lease > 0 {
+		rec.Status, rec.CompletedAt, rec.LeaseOwner, rec.LeaseUntil = StatusProcessing, time.Time{}, owner, derefTime(c.leaseUntil)
+	}
+	return rec
 }
 
 // recordScan receives a row's columns, every one nullable.
