@@ -596,3 +596,19 @@ func (l *Ledger) LiveKeys(ctx context.Context, scope, tenant string) (int64, err
 	n, err := l.store.live(ctx, l.pool, scope, tenant)
 	return n, storeErr("live keys", err)
 }
+
+// Known reports, for each key, the status of its live row, or "" when the
+// key is new (absent or expired), in one statement. A replay's dry run uses
+// it to count what would run without running anything.
+func (l *Ledger) Known(ctx context.Context, keys []Key) ([]Status, error) {
+	for i, k := range keys {
+		if err := k.Validate(l.cfg.MaxKeyLen); err != nil {
+			return nil, fmt.Errorf("key %d: %w", i, err)
+		}
+	}
+	if len(keys) == 0 {
+		return nil, nil
+	}
+	st, err := l.store.known(ctx, l.pool, keys)
+	return st, storeErr("known", err)
+}

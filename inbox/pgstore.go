@@ -22,6 +22,7 @@ type pgStore struct {
 	claimSQL, claimOneSQL, lookupSQL, completeSQL         string
 	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
 	releaseSQL, failSQL, purgeSQL, statsSQL, liveSQL      string
+	knownSQL                                              string
 }
 
 // querier is what pgx.Tx, *pgx.Conn and *pgxpool.Pool have in common.
@@ -157,6 +158,12 @@ d AS (
 	RETURNING 1
 )
 SELECT (SELECT ok FROM l), count(*) FROM d`)
+
+	// knownSQL: which of a list of keys have a live row, and in what state.
+	s.knownSQL = r.Replace(`SELECT u.ord, e.status FROM unnest($1::text[], $2::text[], $3::text[])
+		WITH ORDINALITY AS u(scope, tenant, event_id, ord)
+		JOIN {T} e ON e.scope = u.scope AND e.tenant = u.tenant AND e.event_id = u.event_id
+		WHERE e.expires_at > now()`)
 
 	s.liveSQL = r.Replace(`SELECT count(*) FROM {T} WHERE scope = $1 AND tenant = $2 AND expires_at > now()`)
 
@@ -427,4 +434,28 @@ func nullHeader(h map[string][]string) any {
 func (s *pgStore) live(ctx context.Context, q querier, scope, tenant string) (n int64, err error) {
 	err = q.QueryRow(ctx, s.liveSQL, scope, tenant).Scan(&n)
 	return n, err
+}
+
+func (s *pgStore) known(ctx context.Context, q querier, keys []Key) ([]Status, error) {
+	scopes, tenants, ids := make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
+	for i, k := range keys {
+		scopes[i], tenants[i], ids[i] = k.Scope, k.Tenant, k.ID
+	}
+	rows, err := q.Query(ctx, s.knownSQL, scopes, tenants, ids)
+	if err != nil {
+		return nil, err
+	}
+	defer rows.Close()
+	out := make([]Status, len(keys))
+	for rows.Next() {
+		var ord int64
+		var st string
+		if err := rows.Scan(&ord, &st); err != nil {
+			return nil, err
+		}
+		if ord >= 1 && int(ord) <= len(keys) {
+			out[ord-1] = Status(st)
+		}
+	}
+	return out, rows.Err()
 }
