@@ -612,3 +612,6 @@ func (l *Ledger) Known(ctx context.Context, keys []Key) ([]Status, error) {
 	st, err := l.store.known(ctx, l.pool, keys)
 	return st, storeErr("known", err)
 }
+
+// DefaultTTL returns the retention of rows whose request sets no TTL.
+func (l *Ledger) DefaultTTL() time.Duration { return l.cfg.DefaultTTL }

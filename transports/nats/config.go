@@ -1,0 +1,291 @@
+package natsinbox
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/inbox"
+)
+
+// Defaults applied by New to zero Config fields.
+const (
+	DefaultAckWait      = 30 * time.Second // Config.AckWait (the server's default too)
+	DefaultPrefetch     = 64               // Config.Prefetch
+	DefaultFetchWait    = time.Second      // Config.FetchWait
+	DefaultDrainTimeout = 30 * time.Second // Config.DrainTimeout
+	DefaultAckTimeout   = 5 * time.Second  // Config.AckTimeout
+
+	// DeadLetterSuffix is appended to a message's subject to form its
+	// dead-letter subject when Config.DeadLetterSubject is empty.
+	DeadLetterSuffix = ".dlq"
+)
+
+// Config configures a Consumer. Set Stream and Durable for a JetStream
+// consumer, or Subject (and Queue) for a core NATS subscription. The zero
+// value of every other field is a usable default.
+type Config struct {
+	// Conn is the NATS connection. Required. Run neither drains nor closes
+	// it: the caller owns it.
+	Conn *nats.Conn
+	// Handler runs each new event inside the ledger's transaction.
+	// Required.
+	Handler consumer.Handler
+	// Processor configures the runtime; Processor.Ledger is required.
+	// Defaults: Scope is Durable (JetStream) or Queue, else Subject (core);
+	// ID is consumer.DefaultNATSID (Nats-Msg-Id first); Source is
+	// inbox.SourceNATS; DeadLetter publishes to the dead-letter subject.
+	Processor consumer.Config
+
+	// Stream is the JetStream stream to consume (JetStream mode).
+	Stream string
+	// Durable names the durable pull consumer (JetStream mode, required
+	// with Stream). Every process running the same Durable shares its
+	// messages. It is the default ledger scope.
+	Durable string
+	// FilterSubjects restricts the consumer to these subjects; empty: the
+	// whole stream. Ignored with Bind.
+	FilterSubjects []string
+	// Bind uses the durable as it is on the server (managed elsewhere)
+	// instead of creating or updating it. It must use explicit acks; its
+	// AckWait sets the heartbeat, and its MaxDeliver, if set, must not be
+	// below Processor.MaxAttempts.
+	Bind bool
+	// AckWait is the consumer's ack wait: how long JetStream waits for an
+	// ack before delivering again. Default 30 s. Ignored with Bind.
+	AckWait time.Duration
+	// MaxAckPending caps unacked messages across all members of the
+	// durable. Default: the server's (1000). Ignored with Bind.
+	MaxAckPending int
+	// DoubleAck acks with a confirmed round trip (jetstream.Msg.DoubleAck)
+	// instead of a fire-and-forget ack. Slower; a lost ack is harmless
+	// anyway (the redelivery is a duplicate), but it is redelivered after
+	// AckWait.
+	DoubleAck bool
+	// AckTimeout bounds DoubleAck and the dead-letter publish. Default 5 s.
+	AckTimeout time.Duration
+	// Heartbeat is how often a running handler's message is marked
+	// InProgress. Default a third of AckWait; negative disables it.
+	Heartbeat time.Duration
+	// Prefetch is how many messages Consume pulls ahead of the workers
+	// (jetstream.PullMaxMessages). Default 64. Pulled messages waiting for
+	// a worker are not heartbeated: keep Prefetch × handler time /
+	// Concurrency well under AckWait.
+	Prefetch int
+	// Batch > 0 turns on batch mode: messages are pulled with Fetch and up
+	// to Batch of them are handled in one transaction
+	// (consumer.Processor.ProcessBatch): one claim statement, one commit,
+	// then one ack per message. A batch is handled as soon as the messages
+	// at hand are in; it does not wait to fill. JetStream only.
+	Batch int
+	// FetchWait is how long one Fetch request waits on the server for
+	// messages in batch mode. Default 1 s. It bounds how long shutdown
+	// waits for an open request.
+	FetchWait time.Duration
+
+	// Subject is the core NATS subject (or wildcard) to subscribe to (core
+	// mode). Core NATS does not redeliver: see the package documentation.
+	Subject string
+	// Queue is the core NATS queue group: members of one group share the
+	// subject's messages. Empty: a plain subscription.
+	Queue string
+
+	// Concurrency is how many handlers run at once. Default 1, which keeps
+	// the stream's order apart from redeliveries. In batch mode it is the
+	// number of fetch loops.
+	Concurrency int
+	// DeadLetterSubject receives the messages that failed for good.
+	// Default: the message's subject with DeadLetterSuffix appended.
+	// Unused when Processor.DeadLetter is set.
+	DeadLetterSubject string
+	// DrainTimeout bounds how long Run waits for in-flight handlers after
+	// its context ends; then their contexts are cancelled (their
+	// transactions roll back and the messages are Nak'ed; with core NATS
+	// they are lost, and logged). Default 30 s.
+	DrainTimeout time.Duration
+
+	// beforeAck, for tests, is called after the ledger's transaction
+	// committed and before the message is acked.
+	beforeAck func(*consumer.Message)
+	// ready, for tests, is called once the subscription or the JetStream
+	// consumer is in place.
+	ready func()
+}
+
+// jetStream reports whether the config selects JetStream mode.
+func (c *Config) jetStream() bool { return c.Stream != "" }
+
+// withDefaults returns a copy with defaults applied.
+func (c Config) withDefaults() Config {
+	if c.AckWait <= 0 {
+		c.AckWait = DefaultAckWait
+	}
+	if c.AckTimeout <= 0 {
+		c.AckTimeout = DefaultAckTimeout
+	}
+	if c.Prefetch <= 0 {
+		c.Prefetch = DefaultPrefetch
+	}
+	if c.FetchWait <= 0 {
+		c.FetchWait = DefaultFetchWait
+	}
+	if c.Concurrency <= 0 {
+		c.Concurrency = 1
+	}
+	if c.DrainTimeout <= 0 {
+		c.DrainTimeout = DefaultDrainTimeout
+	}
+	p := &c.Processor
+	if p.Scope == "" {
+		switch {
+		case c.Durable != "":
+			p.Scope = c.Durable
+		case c.Queue != "":
+			p.Scope = c.Queue
+		default:
+			p.Scope = c.Subject
+		}
+	}
+	if p.ID == nil {
+		p.ID = consumer.DefaultNATSID
+	}
+	if p.Source == "" {
+		p.Source = inbox.SourceNATS
+	}
+	return c
+}
+
+// Validate reports what is wrong with the Config, as an error matching
+// inbox.ErrConfig that names the field. Zero values that have a default are
+// accepted.
+func (c Config) Validate() error {
+	var errs []error
+	bad := func(format string, args ...any) {
+		errs = append(errs, fmt.Errorf("%w: natsinbox: "+format, append([]any{inbox.ErrConfig}, args...)...))
+	}
+	if c.Conn == nil {
+		bad("Conn is nil")
+	}
+	if c.Handler == nil {
+		bad("Handler is nil")
+	}
+	if c.Processor.Ledger == nil {
+		bad("Processor.Ledger is nil")
+	}
+	switch {
+	case c.Stream != "" && c.Subject != "":
+		bad("set Stream (JetStream) or Subject (core NATS), not both")
+	case c.Stream == "" && c.Subject == "":
+		bad("set Stream and Durable (JetStream) or Subject (core NATS)")
+	case c.Stream != "":
+		if c.Durable == "" {
+			bad("Durable is required with Stream")
+		} else if !validName(c.Durable) {
+			bad("Durable %q may not contain whitespace, '.', '*', '>', '/' or '\\'", c.Durable)
+		}
+		if !validName(c.Stream) {
+			bad("Stream %q may not contain whitespace, '.', '*', '>', '/' or '\\'", c.Stream)
+		}
+		if c.Queue != "" {
+			bad("Queue is for core NATS; JetStream members share a Durable")
+		}
+		for _, s := range c.FilterSubjects {
+			if !validSubject(s, true) {
+				bad("FilterSubjects: invalid subject %q", s)
+			}
+		}
+	default: // core
+		if !validSubject(c.Subject, true) {
+			bad("Subject: invalid subject %q", c.Subject)
+		}
+		if c.Batch > 0 {
+			bad("Batch is for JetStream only")
+		}
+		if c.Durable != "" || c.Bind || len(c.FilterSubjects) > 0 {
+			bad("Durable, Bind and FilterSubjects are for JetStream only")
+		}
+	}
+	if c.Batch < 0 {
+		bad("Batch is negative")
+	}
+	if c.Concurrency < 0 || c.Prefetch < 0 || c.MaxAckPending < 0 {
+		bad("Concurrency, Prefetch and MaxAckPending may not be negative")
+	}
+	if c.DeadLetterSubject != "" && !validSubject(c.DeadLetterSubject, false) {
+		bad("DeadLetterSubject: invalid subject %q (no wildcards)", c.DeadLetterSubject)
+	}
+	if hb := c.Heartbeat; hb > 0 && c.AckWait > 0 && hb >= c.AckWait {
+		bad("Heartbeat %s must be shorter than AckWait %s", hb, c.AckWait)
+	}
+	return errors.Join(errs...)
+}
+
+func validName(s string) bool {
+	return s != "" && !strings.ContainsAny(s, " \t\r\n.*>/\\")
+}
+
+func validSubject(s string, wildcards bool) bool {
+	if s == "" || strings.ContainsAny(s, " \t\r\n") {
+		return false
+	}
+	toks := strings.Split(s, ".")
+	for i, t := range toks {
+		switch {
+		case t == "":
+			return false
+		case t == "*" || t == ">":
+			if !wildcards || (t == ">" && i != len(toks)-1) {
+				return false
+			}
+		}
+	}
+	return true
+}
+
+// subjectsCollide reports whether some subject matches both patterns.
+func subjectsCollide(a, b string) bool {
+	at, bt := strings.Split(a, "."), strings.Split(b, ".")
+	for i := 0; ; i++ {
+		switch {
+		case i == len(at) && i == len(bt):
+			return true
+		case i == len(at) || i == len(bt):
+			return false
+		case at[i] == ">" || bt[i] == ">":
+			return true
+		case at[i] != bt[i] && at[i] != "*" && bt[i] != "*":
+			return false
+		}
+	}
+}
+
+// checkDeadLetterLoop fails when a consumer of subjects would receive its
+// own dead letters.
+func (c *Config) checkDeadLetterLoop(subjects []string) error {
+	if c.Processor.DeadLetter != nil {
+		return nil
+	}
+	for _, s := range subjects {
+		for _, f := range subjects {
+			var collide bool
+			if c.DeadLetterSubject != "" {
+				collide = subjectsCollide(f, c.DeadLetterSubject)
+			} else {
+				collide = strings.HasSuffix(s, ">") || subjectsCollide(f, s+DeadLetterSuffix)
+			}
+			if collide {
+				dl := c.DeadLetterSubject
+				if dl == "" {
+					dl = "<subject>" + DeadLetterSuffix
+				}
+				return fmt.Errorf("%w: natsinbox: dead-letter subject %s would be consumed by this consumer (subjects %s): set DeadLetterSubject outside them, or narrow the subjects",
+					inbox.ErrConfig, dl, strings.Join(subjects, ", "))
+			}
+		}
+	}
+	return nil
+}

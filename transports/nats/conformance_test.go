@@ -1,0 +1,96 @@
+package natsinbox
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/stretchr/testify/require"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/transports/transporttest"
+)
+
+// harness adapts JetStream to the transport conformance suite.
+type harness struct {
+	env *env
+}
+
+// dupWindow is the test streams' duplicate window: short, so that the
+// suite's republished IDs reach the consumer (see Publish).
+const dupWindow = 100 * time.Millisecond
+
+func (h *harness) NewTopic(t *testing.T) string {
+	subject := testsvc.Unique("ev")
+	h.env.stream(t, subject, dupWindow)
+	return subject
+}
+
+// Publish publishes each message with its ID in Nats-Msg-Id. JetStream
+// drops a republished ID inside the stream's duplicate window; the suite
+// wants every message to arrive, so a message JetStream reports as a
+// duplicate is published again until the window has passed and it is
+// stored (the PubAck says so: no sleep-and-hope).
+func (h *harness) Publish(t *testing.T, topic string, msgs []transporttest.Msg) {
+	for _, m := range msgs {
+		deadline := time.Now().Add(10 * time.Second)
+		for h.env.publish(t, topic, m.ID, m.Value).Duplicate {
+			require.True(t, time.Now().Before(deadline), "publish of %q still a duplicate after 10s", m.ID)
+			time.Sleep(dupWindow / 5)
+		}
+	}
+}
+
+func (h *harness) Start(t *testing.T, topic, group string, opts transporttest.Options) (stop func()) {
+	nc, err := nats.Connect(h.env.url)
+	require.NoError(t, err)
+	c, err := New(Config{
+		Conn:      nc,
+		Stream:    "S-" + topic,
+		Durable:   group,
+		Handler:   opts.Handler,
+		Processor: opts.Config,
+		Batch:     opts.Batch,
+		AckWait:   5 * time.Second,
+		FetchWait: 250 * time.Millisecond,
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- c.Run(ctx) }()
+	var once sync.Once
+	return func() {
+		once.Do(func() {
+			cancel()
+			err := <-done
+			nc.Close()
+			if err != nil && !errors.Is(err, context.Canceled) {
+				t.Errorf("Run: %v", err)
+			}
+		})
+	}
+}
+
+func (h *harness) DeadLetters(t *testing.T, topic string) []transporttest.DeadLetter {
+	var out []transporttest.DeadLetter
+	for _, m := range h.env.deadLetters(t, topic) {
+		dl := transporttest.DeadLetter{Value: m.Data, Headers: map[string]string{}}
+		for k, vs := range m.Header {
+			if len(vs) > 0 {
+				dl.Headers[k] = vs[0]
+			}
+		}
+		dl.ID = dl.Headers[consumer.HeaderDLID]
+		out = append(out, dl)
+	}
+	return out
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	transporttest.Run(t, &harness{env: newEnv(t)}, transporttest.Features{Batch: true, SharedGroup: true})
+}

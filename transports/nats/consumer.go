@@ -1,0 +1,244 @@
+package natsinbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/inbox"
+)
+
+// ErrRunning is returned by a second call to Run: a Consumer runs once.
+var ErrRunning = errors.New("justonce/natsinbox: consumer already ran")
+
+// Consumer consumes a JetStream durable or a core NATS subject with
+// exactly-once effects. Create it with New and start it with Run.
+type Consumer struct {
+	cfg  Config
+	proc *consumer.Processor
+	js   jetstream.JetStream // nil in core mode
+	log  *slog.Logger
+	hb   *heartbeat // nil when disabled or in core mode
+	ran  atomic.Bool
+}
+
+// New checks cfg, applies its defaults and returns a Consumer. It does not
+// touch the network: Run creates or binds the JetStream consumer.
+func New(cfg Config) (*Consumer, error) {
+	cfg = cfg.withDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := &Consumer{cfg: cfg, log: cfg.Processor.Logger}
+	if c.log == nil {
+		c.log = slog.New(slog.DiscardHandler)
+	}
+	if cfg.jetStream() {
+		js, err := jetstream.New(cfg.Conn)
+		if err != nil {
+			return nil, fmt.Errorf("justonce/natsinbox: %w", err)
+		}
+		c.js = js
+	}
+	pcfg := cfg.Processor
+	if pcfg.DeadLetter == nil {
+		pcfg.DeadLetter = c.publishDeadLetter
+	}
+	proc, err := consumer.New(pcfg, cfg.Handler)
+	if err != nil {
+		return nil, err
+	}
+	c.proc = proc
+	return c, nil
+}
+
+// Run consumes until ctx ends, then drains: it stops pulling, lets the
+// handlers in flight finish (up to Config.DrainTimeout), acks them, and
+// returns ctx's error. It returns earlier with an error when the consumer
+// cannot be set up (stream or durable missing, a configuration that would
+// consume its own dead letters) or stops for good (the durable was
+// deleted). A Consumer runs once.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.ran.CompareAndSwap(false, true) {
+		return ErrRunning
+	}
+	if c.js != nil {
+		return c.runJetStream(ctx)
+	}
+	return c.runCore(ctx)
+}
+
+// procContext returns the context handlers run with: it outlives ctx by
+// up to DrainTimeout, so in-flight work finishes during a drain. Call the
+// returned start when ctx ends to begin the countdown.
+func (c *Consumer) procContext(ctx context.Context) (pctx context.Context, startDrain func(), cancel context.CancelFunc) {
+	pctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
+	var once sync.Once
+	startDrain = func() {
+		once.Do(func() {
+			t := time.AfterFunc(c.cfg.DrainTimeout, func() {
+				c.log.Warn("justonce natsinbox: drain timeout, cancelling in-flight handlers", "timeout", c.cfg.DrainTimeout)
+				cancel()
+			})
+			context.AfterFunc(pctx, func() { t.Stop() })
+		})
+	}
+	return pctx, startDrain, cancel
+}
+
+// headers converts NATS headers to the runtime's, sorted by name (NATS
+// keeps no order between names) and in order within a name.
+func headers(h nats.Header) []consumer.Header {
+	if len(h) == 0 {
+		return nil
+	}
+	keys := make([]string, 0, len(h))
+	n := 0
+	for k, vs := range h {
+		keys = append(keys, k)
+		n += len(vs)
+	}
+	sort.Strings(keys)
+	out := make([]consumer.Header, 0, n)
+	for _, k := range keys {
+		for _, v := range h[k] {
+			out = append(out, consumer.Header{Key: k, Value: []byte(v)})
+		}
+	}
+	return out
+}
+
+// jsMessage converts a JetStream message: Attempt is the delivery count,
+// Offset the stream sequence, Time the stream timestamp.
+func (c *Consumer) jsMessage(m jetstream.Msg) *consumer.Message {
+	msg := &consumer.Message{
+		Topic:   m.Subject(),
+		Headers: headers(m.Headers()),
+		Value:   m.Data(),
+		Attempt: 1,
+		Raw:     m,
+	}
+	if md, err := m.Metadata(); err == nil {
+		msg.Offset = int64(md.Sequence.Stream)
+		msg.Time = md.Timestamp
+		if md.NumDelivered > 0 {
+			msg.Attempt = int(md.NumDelivered)
+		}
+	} else {
+		c.log.Warn("justonce natsinbox: message without JetStream metadata", "subject", m.Subject(), "err", err)
+	}
+	return msg
+}
+
+// settle acks, naks or terms m as the Decision says.
+func (c *Consumer) settle(m jetstream.Msg, msg *consumer.Message, d consumer.Decision) {
+	var err error
+	switch d.Action {
+	case consumer.Ack:
+		if c.cfg.beforeAck != nil {
+			c.cfg.beforeAck(msg)
+		}
+		switch {
+		case d.DeadLettered:
+			err = m.TermWithReason(termReason(msg, d.Err))
+		case c.cfg.DoubleAck:
+			ctx, cancel := context.WithTimeout(context.Background(), c.cfg.AckTimeout)
+			err = m.DoubleAck(ctx)
+			cancel()
+		default:
+			err = m.Ack()
+		}
+	case consumer.Retry:
+		err = m.NakWithDelay(d.Delay)
+	default: // Stop: ask for an immediate redelivery; the ledger dedupes.
+		err = m.Nak()
+	}
+	if err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+		// The message comes again after AckWait; the ledger answers
+		// Duplicate if its transaction committed.
+		c.log.Warn("justonce natsinbox: ack failed, the message will be redelivered", "action", d.Action.String(),
+			"id", inbox.Mask(msg.ID), "subject", msg.Topic, "seq", msg.Offset, "err", err)
+	}
+}
+
+// termReason is the reason given to TermWithReason: one short line.
+func termReason(msg *consumer.Message, cause error) string {
+	s := "justonce: dead-lettered"
+	if cause != nil {
+		s += ": " + cause.Error()
+	}
+	s = strings.Map(func(r rune) rune {
+		if r == '\r' || r == '\n' {
+			return ' '
+		}
+		return r
+	}, s)
+	if len(s) > 200 {
+		s = s[:200]
+	}
+	return s
+}
+
+// heartbeat marks the messages whose handlers run as InProgress at a fixed
+// interval, so JetStream does not redeliver them while they run.
+type heartbeat struct {
+	mu   sync.Mutex
+	msgs map[jetstream.Msg]struct{}
+}
+
+func (h *heartbeat) add(ms ...jetstream.Msg) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	for _, m := range ms {
+		h.msgs[m] = struct{}{}
+	}
+	h.mu.Unlock()
+}
+
+func (h *heartbeat) remove(ms ...jetstream.Msg) {
+	if h == nil {
+		return
+	}
+	h.mu.Lock()
+	for _, m := range ms {
+		delete(h.msgs, m)
+	}
+	h.mu.Unlock()
+}
+
+// run ticks until stop is closed.
+func (h *heartbeat) run(stop <-chan struct{}, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(max(every, 10*time.Millisecond))
+	defer t.Stop()
+	var batch []jetstream.Msg
+	for {
+		select {
+		case <-stop:
+			return
+		case <-t.C:
+		}
+		batch = batch[:0]
+		h.mu.Lock()
+		for m := range h.msgs {
+			batch = append(batch, m)
+		}
+		h.mu.Unlock()
+		for _, m := range batch {
+			if err := m.InProgress(); err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
+				log.Warn("justonce natsinbox: InProgress failed", "subject", m.Subject(), "err", err)
+			}
+		}
+	}
+}
