@@ -56,9 +56,9 @@ func NewRedisClient(addr string) *redis.Client {
 	return redis.NewClient(&redis.Options{
 		Addr:                  addr,
 		ContextTimeoutEnabled: true,
-		DialTimeout:           200 * time.Millisecond,
-		ReadTimeout:           200 * time.Millisecond,
-		WriteTimeout:          200 * time.Millisecond,
+		DialTimeout:           2 * time.Second,
+		ReadTimeout:           2 * time.Second,
+		WriteTimeout:          2 * time.Second,
 		MaxRetries:            -1,
 		PoolSize:              64,
 	})

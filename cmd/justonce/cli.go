@@ -1,0 +1,288 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// Exit codes; see the package documentation.
+const (
+	exitOK       = 0
+	exitFailure  = 1
+	exitUsage    = 2
+	exitNotFound = 3
+)
+
+// app is what every command shares: its output and its environment.
+type app struct {
+	stdout, stderr io.Writer
+	getenv         func(string) string
+}
+
+// runFunc runs a leaf command with its positional arguments, after its
+// flags were parsed.
+type runFunc func(ctx context.Context, a *app, args []string) error
+
+// command is one node of the command tree: a group (subs set) or a leaf
+// (setup set).
+type command struct {
+	name    string
+	summary string // one line, shown in the parent's list
+	args    string // positional arguments in the usage line, e.g. "<scope> <id>"
+	help    string // what the command does, shown by -h
+	subs    []*command
+	// setup defines the leaf's flags and returns the function that runs it.
+	setup func(f *flags) runFunc
+}
+
+// rootCommand is the command tree.
+//
+// Further command groups plug in here: replay (replay kafka …, replay nats …)
+// is a group built like ledgerCommand, in its own file (replay.go), added to
+// this list. Its leaves take the connection flags with addDBFlags, open the
+// ledger with dbFlags.ledger, report usage errors with usageErrorf, write
+// results to a.stdout and progress to a.stderr.
+func rootCommand() *command {
+	return &command{
+		name: "justonce",
+		help: `justonce operates a justonce ledger: the processed_events table in Postgres
+that gives Kafka and NATS consumers and HTTP Idempotency-Key requests their
+exactly-once effects.`,
+		subs: []*command{
+			migrateCommand(),
+			ledgerCommand(),
+		},
+	}
+}
+
+// run is the whole program: it parses args (without the program name),
+// runs the command and returns the exit code.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer, getenv func(string) string) int {
+	a := &app{stdout: stdout, stderr: stderr, getenv: getenv}
+	root := rootCommand()
+	// "justonce help ledger show" is "justonce ledger show -h".
+	if len(args) > 0 && args[0] == "help" {
+		args = append(append([]string{}, args[1:]...), "-h")
+	}
+	return a.dispatch(ctx, root, nil, args)
+}
+
+func isHelp(arg string) bool {
+	switch arg {
+	case "-h", "-help", "--help", "help":
+		return true
+	}
+	return false
+}
+
+func (a *app) dispatch(ctx context.Context, c *command, path []string, args []string) int {
+	path = append(path, c.name)
+	if c.subs == nil {
+		return a.runLeaf(ctx, c, path, args)
+	}
+	switch {
+	case len(args) == 0:
+		fmt.Fprintf(a.stderr, "%s: missing command\n\n", strings.Join(path, " "))
+		a.groupUsage(a.stderr, c, path)
+		return exitUsage
+	case isHelp(args[0]):
+		a.groupUsage(a.stdout, c, path)
+		return exitOK
+	}
+	for _, sub := range c.subs {
+		if sub.name == args[0] {
+			return a.dispatch(ctx, sub, path, args[1:])
+		}
+	}
+	fmt.Fprintf(a.stderr, "%s: unknown command %q\n\n", strings.Join(path, " "), args[0])
+	a.groupUsage(a.stderr, c, path)
+	return exitUsage
+}
+
+func (a *app) runLeaf(ctx context.Context, c *command, path []string, args []string) int {
+	name := strings.Join(path, " ")
+	f := newFlags(name, a.getenv)
+	fn := c.setup(f)
+	pos, err := f.parse(args)
+	switch {
+	case errors.Is(err, flag.ErrHelp):
+		a.leafUsage(a.stdout, c, path, f)
+		return exitOK
+	case err != nil:
+		return a.fail(name, &exitError{code: exitUsage, err: err})
+	}
+	return a.fail(name, fn(ctx, a, pos))
+}
+
+// fail reports err (if any) on stderr and returns its exit code.
+func (a *app) fail(name string, err error) int {
+	if err == nil {
+		return exitOK
+	}
+	code := exitFailure
+	var ee *exitError
+	if errors.As(err, &ee) {
+		code = ee.code
+	}
+	fmt.Fprintf(a.stderr, "%s: %v\n", name, err)
+	switch code {
+	case exitUsage:
+		fmt.Fprintf(a.stderr, "Run '%s -h' for usage.\n", name)
+	case exitFailure:
+		if hint := hintFor(err); hint != "" {
+			fmt.Fprintln(a.stderr, hint)
+		}
+	}
+	return code
+}
+
+// hintFor suggests a fix for well-known operational errors.
+func hintFor(err error) string {
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code == "42P01" { // undefined_table
+		return "Is the schema migrated? Check --schema (JUSTONCE_SCHEMA) and run 'justonce migrate up'."
+	}
+	return ""
+}
+
+// exitError carries the exit code of an error other than 1.
+type exitError struct {
+	code int
+	err  error
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// usageErrorf reports a command used wrongly (exit code 2).
+func usageErrorf(format string, args ...any) error {
+	return &exitError{code: exitUsage, err: fmt.Errorf(format, args...)}
+}
+
+// notFoundErrorf reports a key that is not there (exit code 3).
+func notFoundErrorf(format string, args ...any) error {
+	return &exitError{code: exitNotFound, err: fmt.Errorf(format, args...)}
+}
+
+// wantArgs checks the number of positional arguments.
+func wantArgs(args []string, names ...string) error {
+	if len(args) < len(names) {
+		return usageErrorf("missing %s", strings.Join(names[len(args):], " and "))
+	}
+	if len(args) > len(names) {
+		return usageErrorf("unexpected argument %q", args[len(names)])
+	}
+	return nil
+}
+
+// flags is a leaf's flag set. Flags may take their default from an
+// environment variable; the usage text names the variable and never prints
+// its value (it may hold a password).
+type flags struct {
+	*flag.FlagSet
+	getenv func(string) string
+	env    map[string]string // flag name -> environment variable
+}
+
+func newFlags(name string, getenv func(string) string) *flags {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	fs.Usage = func() {}
+	return &flags{FlagSet: fs, getenv: getenv, env: map[string]string{}}
+}
+
+// stringEnv defines a string flag whose default is the environment
+// variable envVar.
+func (f *flags) stringEnv(p *string, name, envVar, usage string) {
+	f.StringVar(p, name, f.getenv(envVar), usage)
+	f.env[name] = envVar
+}
+
+// parse parses flags and positional arguments in any order, as users of
+// other CLIs expect ("show billing 42 --tenant acme"). After "--" every
+// argument is positional, for IDs that begin with a dash.
+func (f *flags) parse(args []string) ([]string, error) {
+	var pos []string
+	for {
+		if err := f.Parse(args); err != nil {
+			return nil, err
+		}
+		rest := f.Args()
+		if n := len(args) - len(rest); n > 0 && args[n-1] == "--" {
+			return append(pos, rest...), nil
+		}
+		if len(rest) == 0 {
+			return pos, nil
+		}
+		pos = append(pos, rest[0])
+		args = rest[1:]
+	}
+}
+
+func (a *app) groupUsage(w io.Writer, c *command, path []string) {
+	name := strings.Join(path, " ")
+	if c.help != "" {
+		fmt.Fprintf(w, "%s\n\n", c.help)
+	}
+	fmt.Fprintf(w, "Usage: %s <command> [flags] [arguments]\n\nCommands:\n", name)
+	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
+	var walk func(c *command, prefix string)
+	walk = func(c *command, prefix string) {
+		for _, sub := range c.subs {
+			if sub.subs != nil {
+				walk(sub, prefix+sub.name+" ")
+				continue
+			}
+			fmt.Fprintf(tw, "  %s%s\t%s\n", prefix, sub.name, sub.summary)
+		}
+	}
+	walk(c, "")
+	_ = tw.Flush()
+	fmt.Fprintf(w, "\nRun '%s <command> -h' for a command's flags and arguments.\n", name)
+	if len(path) == 1 {
+		fmt.Fprint(w, `
+Environment:
+  DATABASE_URL      Postgres connection URL (--database-url)
+  JUSTONCE_SCHEMA   schema holding processed_events (--schema)
+  REDIS_URL         Redis of the replay cache, for ledger release (--redis-url)
+
+Exit codes: 0 ok, 1 error (database unreachable, ...), 2 usage error, 3 key not found.
+`)
+	}
+}
+
+func (a *app) leafUsage(w io.Writer, c *command, path []string, f *flags) {
+	name := strings.Join(path, " ")
+	fmt.Fprintf(w, "Usage: %s [flags]", name)
+	if c.args != "" {
+		fmt.Fprintf(w, " %s", c.args)
+	}
+	fmt.Fprintf(w, "\n\n%s\n", c.summary)
+	if c.help != "" {
+		fmt.Fprintf(w, "\n%s\n", strings.TrimSpace(c.help))
+	}
+	fmt.Fprint(w, "\nFlags:\n")
+	tw := tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
+	f.VisitAll(func(fl *flag.Flag) {
+		arg, usage := flag.UnquoteUsage(fl)
+		if arg != "" {
+			arg = " " + arg
+		}
+		switch env, ok := f.env[fl.Name]; {
+		case ok:
+			usage += " (env " + env + ")"
+		case fl.DefValue != "" && fl.DefValue != "false" && fl.DefValue != "0":
+			usage += " (default " + fl.DefValue + ")"
+		}
+		fmt.Fprintf(tw, "  --%s%s\t%s\n", fl.Name, arg, usage)
+	})
+	fmt.Fprintf(tw, "  -h, --help\tshow this help\n")
+	_ = tw.Flush()
+}

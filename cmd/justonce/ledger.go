@@ -1,0 +1,413 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"github.com/justonce/justonce/inbox"
+)
+
+// cliMaxKeyLen is the key part limit the CLI accepts: larger than any
+// application's inbox.Config.MaxKeyLen, so every stored key can be named.
+const cliMaxKeyLen = 1 << 16
+
+func ledgerCommand() *command {
+	return &command{
+		name:    "ledger",
+		summary: "inspect and repair processed_events",
+		help:    "ledger inspects the processed_events table and repairs stuck keys.",
+		subs: []*command{
+			{
+				name:    "stats",
+				summary: "live rows by scope and status, and the oldest in-flight lease",
+				help: `Counts the live (unexpired) rows of each scope and status. For rows still
+processing (lease mode) it shows the earliest lease end: a lease that ran out
+long ago is a stuck key, which the next delivery takes over, or which
+'justonce ledger release' frees. Counting scans the table.`,
+				setup: ledgerStats,
+			},
+			{
+				name:    "show",
+				summary: "one key: status, source, attempts, lease, timestamps, result",
+				args:    "<scope> <id>",
+				help: `Shows the live row of one key. The event ID is masked (550e****0000) unless
+--reveal is given: an Idempotency-Key may be all a client needs to replay a
+stored response. The stored response body is never printed, only its size.
+Exits 3 when the key has no live row (absent or expired).
+
+Put "--" before an ID that starts with a dash.`,
+				setup: ledgerShow,
+			},
+			{
+				name:    "release",
+				summary: "free a stuck key, so that the next delivery or request runs again",
+				args:    "<scope> <id>",
+				help: `Deletes the key's row whatever its state, so the key is new again: the next
+delivery of the event, or the next request with the Idempotency-Key, runs the
+handler again. Use it for a key stuck in processing, or a failed key whose
+cause was fixed. A key that is done is refused without --force: releasing it
+lets its effect happen twice.
+
+When the application uses the Redis replay cache, give --redis-url (and
+--redis-prefix if it sets one) so that the cached result is dropped too;
+otherwise a cached result may still be replayed until it expires there.
+Exits 3 when there is no row for the key.`,
+				setup: ledgerRelease,
+			},
+			{
+				name:    "purge",
+				summary: "delete expired rows in small batches",
+				help: `Deletes rows whose retention ran out, batch after batch, until none are left.
+Rows whose lease still runs and rows another transaction holds are skipped.
+Only one instance purges at a time (the janitor's advisory lock): if another
+holds it, nothing is deleted and the command says so (exit code 0).
+Applications that run the janitor (inbox.Ledger.RunJanitor) need no cron job.`,
+				setup: ledgerPurge,
+			},
+		},
+	}
+}
+
+// printable quotes s when it holds characters that would break a line or a
+// table (tabs, newlines, other control characters).
+func printable(s string) string {
+	if strings.IndexFunc(s, func(r rune) bool { return !unicode.IsPrint(r) }) >= 0 {
+		return strconv.Quote(s)
+	}
+	return s
+}
+
+// keyText names a key for output, its ID masked unless reveal.
+func keyText(k inbox.Key, reveal bool) string {
+	id := inbox.Mask(k.ID)
+	if reveal {
+		id = k.ID
+	}
+	return printable(k.Scope) + "/" + printable(k.Tenant) + "/" + printable(id)
+}
+
+// keyArg reads <scope> <id> and --tenant into a Key.
+func keyArg(args []string, tenant string) (inbox.Key, error) {
+	if err := wantArgs(args, "<scope>", "<id>"); err != nil {
+		return inbox.Key{}, err
+	}
+	k := inbox.Key{Scope: args[0], Tenant: tenant, ID: args[1]}
+	if err := k.Validate(cliMaxKeyLen); err != nil {
+		return k, usageErrorf("%v", err)
+	}
+	return k, nil
+}
+
+type statsRowJSON struct {
+	Scope            string     `json:"scope"`
+	Status           string     `json:"status"`
+	Rows             int64      `json:"rows"`
+	OldestLeaseUntil *time.Time `json:"oldest_lease_until"`
+}
+
+type oldestLeaseJSON struct {
+	Scope      string    `json:"scope"`
+	LeaseUntil time.Time `json:"lease_until"`
+	// OverdueSeconds is how long ago the lease ran out; negative while it
+	// still runs.
+	OverdueSeconds float64 `json:"overdue_seconds"`
+}
+
+func ledgerStats(f *flags) runFunc {
+	db := addDBFlags(f)
+	asJSON := f.Bool("json", false, "print JSON")
+	return func(ctx context.Context, a *app, args []string) error {
+		if err := wantArgs(args); err != nil {
+			return err
+		}
+		l, done, err := db.ledger(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer done()
+		st, err := l.Stats(ctx)
+		if err != nil {
+			return err
+		}
+		now := time.Now()
+		var total int64
+		var oldest *inbox.ScopeStats
+		for i, s := range st {
+			total += s.Rows
+			if s.Status == inbox.StatusProcessing && !s.OldestLease.IsZero() &&
+				(oldest == nil || s.OldestLease.Before(oldest.OldestLease)) {
+				oldest = &st[i]
+			}
+		}
+		if *asJSON {
+			out := struct {
+				Rows        []statsRowJSON   `json:"rows"`
+				TotalRows   int64            `json:"total_rows"`
+				OldestLease *oldestLeaseJSON `json:"oldest_in_flight_lease"`
+			}{Rows: []statsRowJSON{}, TotalRows: total}
+			for _, s := range st {
+				out.Rows = append(out.Rows, statsRowJSON{s.Scope, string(s.Status), s.Rows, timePtr(s.OldestLease)})
+			}
+			if oldest != nil {
+				out.OldestLease = &oldestLeaseJSON{oldest.Scope, oldest.OldestLease.UTC(), now.Sub(oldest.OldestLease).Seconds()}
+			}
+			return writeJSON(a.stdout, out)
+		}
+		if len(st) == 0 {
+			fmt.Fprintln(a.stdout, "no live rows")
+			return nil
+		}
+		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SCOPE\tSTATUS\tROWS\tOLDEST LEASE")
+		scopes := map[string]bool{}
+		for _, s := range st {
+			scopes[s.Scope] = true
+			lease := "-"
+			if s.Status == inbox.StatusProcessing {
+				lease = leaseText(s.OldestLease, now)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t%d\t%s\n", printable(s.Scope), s.Status, s.Rows, lease)
+		}
+		if err := tw.Flush(); err != nil {
+			return err
+		}
+		fmt.Fprintf(a.stdout, "\n%d live %s in %d %s\n", total, plural(total, "row", "rows"), len(scopes), plural(int64(len(scopes)), "scope", "scopes"))
+		if oldest == nil {
+			fmt.Fprintln(a.stdout, "oldest in-flight lease: none")
+		} else {
+			fmt.Fprintf(a.stdout, "oldest in-flight lease: scope %s, %s\n", printable(oldest.Scope), leaseText(oldest.OldestLease, now))
+		}
+		return nil
+	}
+}
+
+type recordJSON struct {
+	Scope  string `json:"scope"`
+	Tenant string `json:"tenant"`
+	ID     string `json:"id"`
+	// IDMasked: ID is masked (no --reveal).
+	IDMasked      bool       `json:"id_masked"`
+	Status        string     `json:"status"`
+	Source        string     `json:"source"`
+	Principal     string     `json:"principal"`
+	Attempts      int        `json:"attempts"`
+	FencingToken  int64      `json:"fencing_token"`
+	LeaseOwner    string     `json:"lease_owner"`
+	LeaseUntil    *time.Time `json:"lease_until"`
+	CreatedAt     *time.Time `json:"created_at"`
+	CompletedAt   *time.Time `json:"completed_at"`
+	ExpiresAt     *time.Time `json:"expires_at"`
+	DurationMS    *float64   `json:"duration_ms"`
+	ResultCode    int        `json:"result_code"`
+	ResultHeaders int        `json:"result_headers"`
+	ResultBytes   int        `json:"result_body_bytes"`
+	Fingerprint   string     `json:"fingerprint"`
+	Error         string     `json:"error"`
+}
+
+func ledgerShow(f *flags) runFunc {
+	db := addDBFlags(f)
+	tenant := f.String("tenant", "", "`tenant` of the key; empty: no tenant")
+	reveal := f.Bool("reveal", false, "print the event ID in full instead of masked")
+	asJSON := f.Bool("json", false, "print JSON")
+	return func(ctx context.Context, a *app, args []string) error {
+		k, err := keyArg(args, *tenant)
+		if err != nil {
+			return err
+		}
+		l, done, err := db.ledger(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer done()
+		rec, err := l.Lookup(ctx, k)
+		if errors.Is(err, inbox.ErrNotFound) {
+			return notFoundErrorf("no live row for key %s", keyText(k, *reveal))
+		}
+		if err != nil {
+			return err
+		}
+		id := inbox.Mask(rec.ID)
+		if *reveal {
+			id = rec.ID
+		}
+		if *asJSON {
+			out := recordJSON{
+				Scope: rec.Scope, Tenant: rec.Tenant, ID: id, IDMasked: !*reveal,
+				Status: string(rec.Status), Source: string(rec.Source), Principal: rec.Principal,
+				Attempts: rec.Attempts, FencingToken: rec.FencingToken,
+				LeaseOwner: rec.LeaseOwner, LeaseUntil: timePtr(rec.LeaseUntil),
+				CreatedAt: timePtr(rec.CreatedAt), CompletedAt: timePtr(rec.CompletedAt), ExpiresAt: timePtr(rec.ExpiresAt),
+				ResultCode: rec.Result.Code, ResultHeaders: len(rec.Result.Header), ResultBytes: len(rec.Result.Body),
+				Fingerprint: hex.EncodeToString(rec.Fingerprint), Error: rec.Error,
+			}
+			if rec.Duration > 0 {
+				ms := float64(rec.Duration) / float64(time.Millisecond)
+				out.DurationMS = &ms
+			}
+			return writeJSON(a.stdout, out)
+		}
+		now := time.Now()
+		dash := func(s string) string {
+			if s == "" {
+				return "-"
+			}
+			return printable(s)
+		}
+		when := func(t time.Time) string {
+			if t.IsZero() {
+				return "-"
+			}
+			return timeText(t) + " (" + relative(t, now) + ")"
+		}
+		idNote := ""
+		if !*reveal {
+			idNote = " (masked; --reveal prints it)"
+		}
+		tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+		line := func(name, value string) { fmt.Fprintf(tw, "%s:\t%s\n", name, value) }
+		line("scope", printable(rec.Scope))
+		line("tenant", dash(rec.Tenant))
+		line("id", printable(id)+idNote)
+		line("status", string(rec.Status))
+		line("source", dash(string(rec.Source)))
+		line("principal", dash(rec.Principal))
+		line("attempts", strconv.Itoa(rec.Attempts))
+		line("fencing token", strconv.FormatInt(rec.FencingToken, 10))
+		line("lease owner", dash(rec.LeaseOwner))
+		line("lease until", leaseText(rec.LeaseUntil, now))
+		line("created", when(rec.CreatedAt))
+		line("completed", when(rec.CompletedAt))
+		line("expires", when(rec.ExpiresAt))
+		duration := "-"
+		if rec.Duration > 0 {
+			duration = rec.Duration.String()
+		}
+		line("duration", duration)
+		code := "-"
+		if rec.Result.Code != 0 {
+			code = strconv.Itoa(rec.Result.Code)
+		}
+		line("result code", code)
+		line("result size", fmt.Sprintf("%d bytes, %d headers", len(rec.Result.Body), len(rec.Result.Header)))
+		line("fingerprint", dash(hex.EncodeToString(rec.Fingerprint)))
+		line("error", dash(rec.Error))
+		return tw.Flush()
+	}
+}
+
+func ledgerRelease(f *flags) runFunc {
+	db := addDBFlags(f)
+	rc := addRedisFlags(f)
+	tenant := f.String("tenant", "", "`tenant` of the key; empty: no tenant")
+	force := f.Bool("force", false, "release a key that is done, letting its effect happen again")
+	return func(ctx context.Context, a *app, args []string) error {
+		k, err := keyArg(args, *tenant)
+		if err != nil {
+			return err
+		}
+		l, done, err := db.ledger(ctx, rc)
+		if err != nil {
+			return err
+		}
+		defer done()
+		now := time.Now()
+		was := "expired"
+		rec, err := l.Lookup(ctx, k)
+		switch {
+		case err == nil && rec.Status == inbox.StatusDone && !*force:
+			return usageErrorf("key %s is done: releasing it lets its effect happen again; pass --force if that is meant", keyText(k, false))
+		case err == nil:
+			was = string(rec.Status)
+			if rec.Status == inbox.StatusProcessing && !rec.LeaseUntil.IsZero() {
+				was += ", lease " + leaseText(rec.LeaseUntil, now)
+			}
+		case !errors.Is(err, inbox.ErrNotFound):
+			return err
+		}
+		ok, err := l.Release(ctx, k)
+		if err != nil && ok {
+			return fmt.Errorf("released %s in Postgres, but the Redis replay cache could not be invalidated: %w; "+
+				"its cached result may be replayed until it expires there", keyText(k, false), err)
+		}
+		if err != nil {
+			return err
+		}
+		if !ok {
+			return notFoundErrorf("no row for key %s", keyText(k, false))
+		}
+		fmt.Fprintf(a.stdout, "released %s (was %s): the next delivery or request with this key runs again\n", keyText(k, false), was)
+		return nil
+	}
+}
+
+func ledgerPurge(f *flags) runFunc {
+	db := addDBFlags(f)
+	expired := f.Bool("expired", false, "delete the rows whose retention ran out (required)")
+	batch := f.Int("batch", 1000, "most rows one statement deletes; small batches keep locks and WAL bursts short")
+	pause := f.Duration("pause", 10*time.Millisecond, "pause between batches")
+	asJSON := f.Bool("json", false, "print JSON")
+	return func(ctx context.Context, a *app, args []string) error {
+		if err := wantArgs(args); err != nil {
+			return err
+		}
+		if !*expired {
+			return usageErrorf("say what to purge: --expired (the only rows purge deletes are expired ones)")
+		}
+		if *batch <= 0 {
+			return usageErrorf("--batch must be positive")
+		}
+		if *pause < 0 {
+			return usageErrorf("--pause must not be negative")
+		}
+		l, done, err := db.ledger(ctx, nil)
+		if err != nil {
+			return err
+		}
+		defer done()
+		var deleted int64
+		batches, busy := 0, false
+		for {
+			n, locked, err := l.PurgeExpired(ctx, *batch)
+			if err != nil {
+				return fmt.Errorf("%w (deleted %d rows before)", err, deleted)
+			}
+			if !locked {
+				busy = batches == 0
+				break
+			}
+			deleted += n
+			batches++
+			if n < int64(*batch) {
+				break
+			}
+			select {
+			case <-ctx.Done():
+				return fmt.Errorf("%w (deleted %d rows before)", ctx.Err(), deleted)
+			case <-time.After(*pause):
+			}
+		}
+		if *asJSON {
+			return writeJSON(a.stdout, struct {
+				Deleted int64 `json:"deleted"`
+				Batches int   `json:"batches"`
+				// Busy: another instance held the janitor lock; nothing
+				// was deleted.
+				Busy bool `json:"busy"`
+			}{deleted, batches, busy})
+		}
+		if busy {
+			fmt.Fprintln(a.stdout, "another instance holds the janitor lock and is purging; nothing deleted")
+			return nil
+		}
+		fmt.Fprintf(a.stdout, "deleted %d expired %s in %d %s\n", deleted, plural(deleted, "row", "rows"), batches, plural(int64(batches), "batch", "batches"))
+		return nil
+	}
+}

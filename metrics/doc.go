@@ -1,0 +1,57 @@
+// Package metrics exports justonce to Prometheus and, optionally, to
+// OpenTelemetry tracing. Nothing is registered globally: the application
+// registers the collectors it wants.
+//
+//	reg := prometheus.NewRegistry() // or prometheus.DefaultRegisterer
+//	reg.MustRegister(metrics.NewLedgerCollector(ledger, metrics.LedgerConfig{}))
+//	cm := metrics.NewConsumerCollector(metrics.ConsumerConfig{})
+//	reg.MustRegister(cm)
+//	cfg := consumer.Config{Ledger: ledger, Scope: "billing", Source: inbox.SourceKafka,
+//		Hooks: cm.Hooks("billing", inbox.SourceKafka)}
+//
+// # Metrics
+//
+// The ledger (LedgerCollector), from inbox.Ledger.Counters; the counters
+// count calls of this process since the ledger was created:
+//
+//	justonce_ledger_calls_total{disposition}            calls by what they did: executed,
+//	                                                    duplicate, in_flight, mismatch, error
+//	justonce_ledger_cache_replays_total                 duplicates answered from the Redis replay cache
+//	justonce_ledger_redis_fallbacks_total               Redis calls that failed or timed out;
+//	                                                    Postgres carried on alone
+//	justonce_ledger_leases_lost_total                   leases found taken over or released
+//
+// and, queried from Postgres at each scrape (inbox.Ledger.Stats, bounded by
+// LedgerConfig.StatsTimeout), the table as all instances see it:
+//
+//	justonce_ledger_rows{scope,status}                  live rows
+//	justonce_ledger_oldest_lease_overdue_seconds{scope} how long ago the earliest lease of the scope's
+//	                                                    processing rows ran out; negative while it
+//	                                                    still runs; absent when nothing is processing
+//	justonce_ledger_stats_up                            1 when the last query answered, else 0
+//
+// Consumers (ConsumerCollector, through consumer.Hooks):
+//
+//	justonce_consumer_handler_duration_seconds{scope,source,disposition}
+//	                                                    histogram of one attempt, from claim to commit
+//	                                                    (or to the ledger's answer for duplicates)
+//	justonce_consumer_retries_total{scope,source}       attempts that will be retried
+//	justonce_consumer_dead_lettered_total{scope,source,reason}
+//	                                                    messages given up: no_id, invalid_key, handler
+//
+// Labels are bounded: scope is the consumer group or route name the
+// application chose (never put an event ID in it), source is http, kafka,
+// nats or the like, status and disposition are fixed sets. Event IDs are
+// never labels. Several ledgers in one registry (several schemas) need a
+// label to tell them apart: register each collector through
+// prometheus.WrapRegistererWith with a label of its own, such as ledger.
+//
+// alerts.yml in this directory has example Prometheus alert rules built on
+// these metrics: stuck leases, in-flight (conflict) rate, fingerprint
+// mismatches, Redis fallback, dead letters.
+//
+// # Tracing
+//
+// TracingMiddleware puts an OpenTelemetry span around each handler run when
+// given a trace.TracerProvider.
+package metrics

@@ -1,0 +1,99 @@
+package metrics_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log"
+	"net/http"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/metrics"
+)
+
+// Register the ledger's collector and serve /metrics.
+func ExampleNewLedgerCollector() {
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, "postgres://localhost/app")
+	if err != nil {
+		log.Fatal(err)
+	}
+	ledger, err := inbox.New(pool, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.NewLedgerCollector(ledger, metrics.LedgerConfig{
+		// The rows query scans processed_events: on a big table, reuse
+		// its answer for a minute.
+		StatsMaxAge: time.Minute,
+	}))
+	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+}
+
+// Give a processor the collector's hooks; the processor calls them. Here
+// they are called by hand to show what each records.
+func ExampleConsumerCollector_Hooks() {
+	cc := metrics.NewConsumerCollector(metrics.ConsumerConfig{})
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(cc)
+
+	hooks := cc.Hooks("billing", inbox.SourceKafka)
+	_ = consumer.Config{Scope: "billing", Source: inbox.SourceKafka, Hooks: hooks} // with Ledger and a handler: consumer.New
+
+	m := &consumer.Message{ID: "evt-1", Topic: "payments"}
+	hooks.OnOutcome(m, inbox.Outcome{Disposition: inbox.Executed}, 3*time.Millisecond)
+	hooks.OnOutcome(m, inbox.Outcome{Disposition: inbox.Duplicate}, time.Millisecond)
+	hooks.OnRetry(m, errors.New("deadlock"))
+	hooks.OnDeadLetter(&consumer.Message{}, consumer.ErrNoID)
+
+	mfs, _ := reg.Gather()
+	for _, mf := range mfs {
+		for _, s := range mf.GetMetric() {
+			labels := ""
+			for _, lp := range s.GetLabel() {
+				labels += " " + lp.GetName() + "=" + lp.GetValue()
+			}
+			switch {
+			case s.Histogram != nil:
+				fmt.Printf("%s%s: %d observed\n", mf.GetName(), labels, s.GetHistogram().GetSampleCount())
+			default:
+				fmt.Printf("%s%s: %g\n", mf.GetName(), labels, s.GetCounter().GetValue())
+			}
+		}
+	}
+	// Output:
+	// justonce_consumer_dead_lettered_total reason=handler scope=billing source=kafka: 0
+	// justonce_consumer_dead_lettered_total reason=invalid_key scope=billing source=kafka: 0
+	// justonce_consumer_dead_lettered_total reason=no_id scope=billing source=kafka: 1
+	// justonce_consumer_handler_duration_seconds disposition=duplicate scope=billing source=kafka: 1 observed
+	// justonce_consumer_handler_duration_seconds disposition=executed scope=billing source=kafka: 1 observed
+	// justonce_consumer_retries_total scope=billing source=kafka: 1
+}
+
+// Trace each handler run with the application's tracer provider.
+func ExampleTracingMiddleware() {
+	tp := noop.NewTracerProvider() // the application's: otel.GetTracerProvider()
+	handle := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		// The span is in ctx: trace.SpanFromContext(ctx).
+		return nil
+	}
+	cfg := consumer.Config{
+		Scope:      "billing",
+		Middleware: []consumer.Middleware{metrics.TracingMiddleware(tp, "billing")},
+	}
+	_ = cfg // with Ledger: consumer.New(cfg, handle)
+
+	traced := metrics.TracingMiddleware(tp, "billing")(handle)
+	fmt.Println(traced(context.Background(), nil, &consumer.Message{ID: "evt-1"}))
+	// Output: <nil>
+}

@@ -1,0 +1,61 @@
+package kafkainbox_test
+
+import (
+	"testing"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/internal/testsvc"
+	kafkainbox "github.com/justonce/justonce/transports/kafka"
+	"github.com/justonce/justonce/transports/transporttest"
+)
+
+// harness adapts the Kafka consumer to the transport conformance suite.
+type harness struct{ brokers []string }
+
+func (h *harness) NewTopic(t *testing.T) string { return newTopic(t, h.brokers, 4) }
+
+func (h *harness) Publish(t *testing.T, topic string, msgs []transporttest.Msg) {
+	out := make([]kafka.Message, len(msgs))
+	for i, m := range msgs {
+		var key []byte
+		if m.Key != "" {
+			key = []byte(m.Key)
+		}
+		if m.ID != "" {
+			out[i] = kafkainbox.NewMessage(m.ID, key, m.Value)
+		} else {
+			out[i] = kafka.Message{Key: key, Value: m.Value}
+		}
+	}
+	publish(t, h.brokers, topic, out...)
+}
+
+func (h *harness) Start(t *testing.T, topic, group string, opts transporttest.Options) func() {
+	return start(t, kafkainbox.Config{
+		Brokers:   h.brokers,
+		Topic:     topic,
+		GroupID:   group,
+		Processor: opts.Config,
+		BatchSize: opts.Batch,
+	}, opts.Handler)
+}
+
+func (h *harness) DeadLetters(t *testing.T, topic string) []transporttest.DeadLetter {
+	var out []transporttest.DeadLetter
+	for _, m := range readAll(t, h.brokers, topic+kafkainbox.DefaultDeadLetterSuffix) {
+		dl := transporttest.DeadLetter{Value: m.Value, Headers: map[string]string{}}
+		for _, hd := range m.Headers {
+			dl.Headers[hd.Key] = string(hd.Value)
+		}
+		dl.ID = dl.Headers[consumer.HeaderDLID]
+		out = append(out, dl)
+	}
+	return out
+}
+
+func TestConformance(t *testing.T) {
+	t.Parallel()
+	transporttest.Run(t, &harness{brokers: testsvc.KafkaBrokers(t)}, transporttest.Features{Batch: true, SharedGroup: true})
+}

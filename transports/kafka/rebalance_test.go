@@ -1,0 +1,60 @@
+package kafkainbox_test
+
+import (
+	"context"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/internal/testsvc"
+	kafkainbox "github.com/justonce/justonce/transports/kafka"
+)
+
+// Two consumers in one group: B joins mid-stream (a rebalance while A has
+// work in flight), then A leaves mid-stream (another one). Nothing is lost,
+// nothing runs twice, and every offset ends up committed.
+func TestRebalanceLosesAndDoublesNothing(t *testing.T) {
+	t.Parallel()
+	brokers := testsvc.KafkaBrokers(t)
+	fx := newFixture(t)
+	topic := newTopic(t, brokers, 6)
+	group := "g-" + topic
+	const n = 3000
+
+	var runsA, runsB atomic.Int64
+	handler := func(runs *atomic.Int64) consumer.Handler {
+		return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			runs.Add(1)
+			time.Sleep(500 * time.Microsecond) // keep work in flight across the rebalances
+			return fx.insert(ctx, tx, m)
+		}
+	}
+	cfg := kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: fx.processor()}
+
+	publish(t, brokers, topic, events("r", 0, n/2, 50)...)
+	stopA := start(t, cfg, handler(&runsA))
+	testsvc.Eventually(t, 60*time.Second, func() bool { return runsA.Load() >= n/10 }, "A progresses")
+
+	cfgB := cfg
+	cfgB.Concurrency = 3
+	stopB := start(t, cfgB, handler(&runsB))
+	publish(t, brokers, topic, events("r", n/2, n, 50)...)
+	publish(t, brokers, topic, events("r", 0, n/5, 50)...) // redeliveries of early IDs
+	testsvc.Eventually(t, 60*time.Second, func() bool { return runsB.Load() >= n/10 }, "B gets partitions and progresses")
+	require.Less(t, fx.effects(t), n, "the stream should still be running when A leaves")
+	stopA()
+	testsvc.Eventually(t, 90*time.Second, func() bool {
+		return fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`) >= n
+	}, "all processed by the group")
+	waitNoLag(t, brokers, group, topic) // the trailing duplicates are acked too
+	stopB()
+
+	fx.assertExactlyOnce(t, n)
+	require.EqualValues(t, n, runsA.Load()+runsB.Load(), "handler runs (A %d, B %d)", runsA.Load(), runsB.Load())
+	requireNoLag(t, brokers, group, topic)
+	t.Logf("A ran %d, B ran %d, duplicates answered %d", runsA.Load(), runsB.Load(), fx.dups.Load())
+}
