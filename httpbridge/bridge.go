@@ -1,0 +1,521 @@
+package httpbridge
+
+import (
+	"bytes"
+	"context"
+	"encoding/base64"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"runtime/debug"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+
+	"github.com/justonce/justonce/inbox"
+)
+
+// Bridge gives net/http routes the Idempotency-Key behaviour on an
+// inbox.Ledger. Make one per ledger with New and wrap each route with
+// Route. Safe for concurrent use.
+type Bridge struct {
+	s settings
+}
+
+// New returns a Bridge for cfg, or an error matching inbox.ErrConfig.
+func New(cfg Config) (*Bridge, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	return &Bridge{s: newSettings(cfg)}, nil
+}
+
+// Route returns the middleware for one route (or a group of routes sharing
+// rc): it works with the standard mux, chi and gorilla as is.
+//
+//	orders := bridge.Route(httpbridge.RouteConfig{Scope: "orders", Required: true})
+//	mux.Handle("POST /orders", orders(http.HandlerFunc(createOrder)))
+//
+// Route panics if rc is invalid (see RouteConfig.Validate): routes are
+// wired once, at startup.
+func (b *Bridge) Route(rc RouteConfig) func(http.Handler) http.Handler {
+	if err := rc.Validate(); err != nil {
+		panic(err)
+	}
+	rt := newRoute(rc, &b.s)
+	return func(next http.Handler) http.Handler {
+		return &handler{s: &b.s, rt: rt, next: next}
+	}
+}
+
+type handler struct {
+	s    *settings
+	rt   route
+	next http.Handler
+}
+
+// Sentinels a TxFunc returns to roll back while the middleware still
+// answers.
+var (
+	errNotStored = errors.New("httpbridge: response status not stored")
+	errTooLarge  = errors.New("httpbridge: response over the store cap")
+	errPanicked  = errors.New("httpbridge: handler panicked")
+)
+
+// panicked carries a handler's panic past the ledger, to be re-raised once
+// the transaction (and the Redis lock) are released.
+type panicked struct {
+	value any
+	stack []byte
+}
+
+// buffered is a handler's complete response, as the client gets it.
+type buffered struct {
+	code   int
+	header http.Header
+	body   []byte
+	size   int64 // full size written, also past the cap
+}
+
+func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if !h.rt.methods[r.Method] {
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	s := h.s
+	key, present, err := extractKey(r.Header, s.keyHeaders, h.rt.maxKeyLen, h.rt.KeyFormat)
+	if err != nil {
+		s.Logger.Debug("justonce/httpbridge: invalid key", "scope", h.rt.Scope, "reason", err.Error())
+		writeProblem(w, ProblemInvalidKey, http.StatusBadRequest, err.Error())
+		return
+	}
+	if !present {
+		if h.rt.Required {
+			writeProblem(w, ProblemMissingKey, http.StatusBadRequest,
+				"this endpoint requires an "+s.Header+" header with a unique key per operation")
+			return
+		}
+		h.serveKeyless(w, r)
+		return
+	}
+	body, ok := h.readBody(w, r)
+	if !ok {
+		return
+	}
+
+	fp := fingerprint(r, body, h.rt.FingerprintHeaders)
+	id := key
+	if h.rt.Mismatch == MismatchNewRequest {
+		id = key + "~" + base64.RawURLEncoding.EncodeToString(fp[1:13])
+	}
+	req := inbox.Request{
+		Key:         inbox.Key{Scope: h.rt.Scope, ID: id},
+		Fingerprint: fp,
+		Source:      inbox.SourceHTTP,
+		TTL:         h.rt.TTL,
+		LockWait:    h.rt.LockWait,
+	}
+	if s.Tenant != nil {
+		req.Tenant = s.Tenant(r)
+	}
+	if s.Principal != nil {
+		req.Principal = s.Principal(r)
+	}
+	if err := s.Ledger.Validate(req); err != nil {
+		var ke *inbox.KeyError
+		if errors.As(err, &ke) && ke.Field == "event_id" {
+			writeProblem(w, ProblemInvalidKey, http.StatusBadRequest, "the key is rejected by the ledger: "+ke.Reason)
+			return
+		}
+		s.Logger.Error("justonce/httpbridge: request key rejected by the ledger", "key", req.Key.String(), "err", err)
+		writeInternal(w)
+		return
+	}
+
+	// The work a client started is finished and recorded even if the
+	// client goes away: its retry then gets the replay.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.HandlerTimeout)
+	defer cancel()
+
+	if !h.quotaOK(ctx, w, req) {
+		return
+	}
+	if h.rt.Lease {
+		h.serveLeased(ctx, w, r, req, body)
+		return
+	}
+	h.serveTx(ctx, w, r, req, body)
+}
+
+// serveTx runs the handler inside the ledger's transaction.
+func (h *handler) serveTx(ctx context.Context, w http.ResponseWriter, r *http.Request, req inbox.Request, body []byte) {
+	var resp buffered
+	var pv *panicked
+	out, err := h.s.Ledger.Do(ctx, req, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+		r2 := withBody(r.WithContext(context.WithValue(ctx, txKey, tx)), body)
+		resp, pv = h.run(r2)
+		switch {
+		case pv != nil:
+			return inbox.Result{}, errPanicked
+		case resp.size > int64(len(resp.body)):
+			return inbox.Result{}, errTooLarge
+		case !h.rt.Store(resp.code):
+			return inbox.Result{}, errNotStored
+		}
+		return h.s.result(req.Key, resp)
+	})
+	switch {
+	case pv != nil:
+		h.repanic(req, pv)
+	case errors.Is(err, errNotStored):
+		h.s.Logger.Debug("justonce/httpbridge: status not stored, rolled back", "key", req.Key.String(), "status", resp.code)
+		writeResponse(w, resp.code, resp.header, resp.body)
+	case errors.Is(err, errTooLarge):
+		h.tooLarge(w, req, resp, "it was rolled back: nothing was done, and the key is free")
+	case err != nil:
+		h.s.storeFailure(w, req, err)
+	case out.Disposition == inbox.Executed:
+		writeResponse(w, resp.code, resp.header, resp.body)
+	default:
+		h.s.answer(w, req, out)
+	}
+}
+
+// serveLeased runs the handler under a lease, outside any transaction.
+func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *http.Request, req inbox.Request, body []byte) {
+	s := h.s
+	lease, out, err := s.Ledger.Acquire(ctx, req, h.rt.LeaseDuration)
+	if err != nil {
+		s.storeFailure(w, req, err)
+		return
+	}
+	if lease == nil {
+		s.answer(w, req, out)
+		return
+	}
+	runCtx, cancelRun := context.WithCancel(ctx)
+	lost, stop := lease.KeepAlive(runCtx)
+	go func() {
+		select {
+		case <-lost:
+			cancelRun()
+		case <-runCtx.Done():
+		}
+	}()
+	r2 := withBody(r.WithContext(context.WithValue(runCtx, tokenKey, lease.Token())), body)
+	resp, pv := h.run(r2)
+	stop()
+	cancelRun()
+
+	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer fcancel()
+	release := func() {
+		if err := lease.Release(fctx); err != nil {
+			s.Logger.Warn("justonce/httpbridge: lease not released; it will expire", "key", req.Key.String(), "err", err)
+		}
+	}
+	switch {
+	case pv != nil:
+		release()
+		h.repanic(req, pv)
+	case resp.size > int64(len(resp.body)):
+		// The effect happened outside the database and cannot be undone:
+		// keep the key from running it again.
+		cause := fmt.Errorf("response of %d bytes is over the %d-byte store cap", resp.size, h.rt.MaxResponseBytes)
+		if err := lease.Fail(fctx, cause); err != nil {
+			s.Logger.Warn("justonce/httpbridge: lease not marked failed", "key", req.Key.String(), "err", err)
+		}
+		h.tooLarge(w, req, resp, "the operation ran (lease mode) and will not run again under this key; its response is lost")
+	case !h.rt.Store(resp.code):
+		release()
+		writeResponse(w, resp.code, resp.header, resp.body)
+	default:
+		res, err := s.result(req.Key, resp)
+		if err != nil {
+			release()
+			s.storeFailure(w, req, err)
+			return
+		}
+		if err := lease.Complete(fctx, res); err != nil {
+			if errors.Is(err, inbox.ErrLeaseLost) {
+				s.Logger.Error("justonce/httpbridge: lease lost while the handler ran", "key", req.Key.String())
+				writeProblem(w, ProblemLeaseLost, http.StatusInternalServerError,
+					"the handler outlived its lease; another attempt may have taken the key over")
+				return
+			}
+			s.storeFailure(w, req, err)
+			return
+		}
+		writeResponse(w, resp.code, resp.header, resp.body)
+	}
+}
+
+// keylessTx is a plain transaction handed to a handler of a request without
+// a key; like the ledger's, it is the middleware's to end.
+type keylessTx struct{ pgx.Tx }
+
+func (keylessTx) Commit(context.Context) error   { return inbox.ErrTxOwned }
+func (keylessTx) Rollback(context.Context) error { return inbox.ErrTxOwned }
+
+// serveKeyless runs a request without a key on an optional route: without
+// dedupe, but in a transaction on transactional routes, so that the handler
+// has one code path.
+func (h *handler) serveKeyless(w http.ResponseWriter, r *http.Request) {
+	if h.rt.Lease {
+		h.next.ServeHTTP(w, r)
+		return
+	}
+	s := h.s
+	ctx := r.Context()
+	tx, err := s.Ledger.Pool().Begin(ctx)
+	if err != nil {
+		s.storeFailure(w, inbox.Request{Key: inbox.Key{Scope: h.rt.Scope}}, err)
+		return
+	}
+	rollback := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = tx.Rollback(rctx)
+		cancel()
+	}
+	resp, pv := h.run(r.WithContext(context.WithValue(ctx, txKey, pgx.Tx(keylessTx{tx}))))
+	switch {
+	case pv != nil:
+		rollback()
+		h.repanic(inbox.Request{Key: inbox.Key{Scope: h.rt.Scope}}, pv)
+	case resp.size > int64(len(resp.body)):
+		rollback()
+		h.tooLarge(w, inbox.Request{Key: inbox.Key{Scope: h.rt.Scope}}, resp, "it was rolled back: nothing was done")
+	case !h.rt.Store(resp.code):
+		rollback()
+		writeResponse(w, resp.code, resp.header, resp.body)
+	default:
+		if err := tx.Commit(ctx); err != nil {
+			rollback()
+			s.storeFailure(w, inbox.Request{Key: inbox.Key{Scope: h.rt.Scope}}, err)
+			return
+		}
+		writeResponse(w, resp.code, resp.header, resp.body)
+	}
+}
+
+// run calls the handler with a buffering writer and catches its panic.
+func (h *handler) run(r *http.Request) (resp buffered, p *panicked) {
+	rec := newRecorder(h.rt.MaxResponseBytes)
+	defer func() {
+		if v := recover(); v != nil {
+			p = &panicked{value: v, stack: debug.Stack()}
+		}
+	}()
+	h.next.ServeHTTP(rec, r)
+	resp.code, resp.header, resp.body = rec.finish()
+	resp.size = rec.size()
+	return resp, nil
+}
+
+// repanic re-raises a handler's panic once the transaction or lease is
+// released, for the server (or an outer recovery middleware) to handle.
+func (h *handler) repanic(req inbox.Request, p *panicked) {
+	if p.value != http.ErrAbortHandler {
+		h.s.Logger.Error("justonce/httpbridge: handler panicked; rolled back, key released",
+			"key", req.Key.String(), "panic", fmt.Sprint(p.value), "stack", string(p.stack))
+	}
+	panic(p.value)
+}
+
+func (h *handler) tooLarge(w http.ResponseWriter, req inbox.Request, resp buffered, what string) {
+	h.s.Logger.Error("justonce/httpbridge: response over the store cap", "key", req.Key.String(),
+		"status", resp.code, "bytes", resp.size, "cap", h.rt.MaxResponseBytes)
+	writeProblem(w, ProblemResponseTooLarge, http.StatusInternalServerError,
+		fmt.Sprintf("the response (%d bytes) is over this endpoint's store cap of %d bytes; %s",
+			resp.size, h.rt.MaxResponseBytes, what))
+}
+
+// readBody reads the request body for the fingerprint, up to the cap.
+func (h *handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool) {
+	limit := h.rt.MaxBodyBytes
+	tooLarge := func() ([]byte, bool) {
+		writeProblem(w, ProblemBodyTooLarge, http.StatusRequestEntityTooLarge,
+			fmt.Sprintf("the request body is over this endpoint's limit of %d bytes", limit))
+		return nil, false
+	}
+	if r.ContentLength > limit {
+		return tooLarge()
+	}
+	if r.Body == nil || r.Body == http.NoBody {
+		return nil, true
+	}
+	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			return tooLarge()
+		}
+		writeProblem(w, ProblemBodyUnreadable, http.StatusBadRequest, "the request body could not be read")
+		return nil, false
+	}
+	if int64(len(b)) > limit {
+		return tooLarge()
+	}
+	return b, true
+}
+
+// withBody gives r a fresh reader over the body already read.
+func withBody(r *http.Request, body []byte) *http.Request {
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	r.ContentLength = int64(len(body))
+	r.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	return r
+}
+
+// quotaOK enforces the route's live-key quota for a new key. A key the
+// ledger already holds passes, so that its replay is served.
+func (h *handler) quotaOK(ctx context.Context, w http.ResponseWriter, req inbox.Request) bool {
+	if h.rt.MaxLiveKeys == nil {
+		return true
+	}
+	limit := h.rt.MaxLiveKeys(req.Tenant)
+	if limit <= 0 {
+		return true
+	}
+	s := h.s
+	n, err := s.Ledger.LiveKeys(ctx, req.Scope, req.Tenant)
+	if err != nil {
+		s.storeFailure(w, req, err)
+		return false
+	}
+	if n < limit {
+		return true
+	}
+	_, err = s.Ledger.Lookup(ctx, req.Key)
+	switch {
+	case err == nil:
+		return true
+	case errors.Is(err, inbox.ErrNotFound):
+		s.Logger.Info("justonce/httpbridge: live-key quota exceeded", "key", req.Key.String(), "live", n, "limit", limit)
+		writeProblem(w, ProblemQuotaExceeded, http.StatusTooManyRequests,
+			fmt.Sprintf("this tenant holds %d live keys here, the limit is %d; keys are freed as they expire", n, limit))
+		return false
+	default:
+		s.storeFailure(w, req, err)
+		return false
+	}
+}
+
+// result is what the ledger stores for a response: denied headers removed,
+// the body encrypted when configured.
+func (s *settings) result(k inbox.Key, resp buffered) (inbox.Result, error) {
+	hdr := s.storedHeader(resp.header)
+	body := resp.body
+	if s.Encryption != nil && len(body) > 0 {
+		var err error
+		if body, err = s.Encryption.seal(k, resp.code, hdr, body); err != nil {
+			return inbox.Result{}, fmt.Errorf("httpbridge: encrypt stored body: %w", err)
+		}
+	}
+	return inbox.Result{Code: resp.code, Header: hdr, Body: body}, nil
+}
+
+// answer handles an Outcome whose handler did not run now.
+func (s *settings) answer(w http.ResponseWriter, req inbox.Request, out inbox.Outcome) {
+	switch out.Disposition {
+	case inbox.InFlight:
+		s.Logger.Debug("justonce/httpbridge: in flight", "key", req.Key.String())
+		writeProblem(w, ProblemInProgress, http.StatusConflict,
+			"a request with this key is being processed; retry after Retry-After with the same key",
+			"Retry-After", s.retryAfter)
+	case inbox.Mismatch:
+		s.Logger.Info("justonce/httpbridge: key reused with another request", "key", req.Key.String())
+		writeProblem(w, ProblemKeyReused, http.StatusUnprocessableEntity,
+			"this key was used with a different request (method, path, body or headers); use a new key for a new request")
+	case inbox.Duplicate:
+		s.replay(w, req, out)
+	default:
+		s.Logger.Error("justonce/httpbridge: unexpected ledger outcome", "key", req.Key.String(), "disposition", out.Disposition.String())
+		writeInternal(w)
+	}
+}
+
+// consumerDefault is the body replayed for a key a consumer processed
+// without recording an HTTP response.
+type consumerDefault struct {
+	Status string `json:"status"`
+	Source string `json:"source,omitempty"`
+}
+
+// replay answers a Duplicate with the stored response, byte for byte.
+func (s *settings) replay(w http.ResponseWriter, req inbox.Request, out inbox.Outcome) {
+	rh := []string{s.ReplayHeader, "true"}
+	if s.LegacyReplayHeader != "" {
+		rh = append(rh, s.LegacyReplayHeader, "true")
+	}
+	rec := out.Record
+	source := ""
+	if rec != nil {
+		source = string(rec.Source)
+	}
+	if rec != nil && rec.Status == inbox.StatusFailed {
+		s.Logger.Debug("justonce/httpbridge: replay of a failed key", "key", req.Key.String(), "source", source)
+		writeProblem(w, ProblemKeyFailed, http.StatusUnprocessableEntity,
+			fmt.Sprintf("the operation for this key failed for good (recorded by %s) and will not run again under this key; send a new key", sourceName(source)),
+			rh...)
+		return
+	}
+	res := out.Result
+	if res.Code == 0 {
+		// A consumer ran this key and recorded no HTTP response.
+		body, _ := json.Marshal(consumerDefault{Status: "already_processed", Source: source})
+		for i := 0; i+1 < len(rh); i += 2 {
+			w.Header().Set(rh[i], rh[i+1])
+		}
+		writeResponse(w, http.StatusOK, map[string][]string{"Content-Type": {"application/json"}}, body)
+		return
+	}
+	hdr := make(map[string][]string, len(res.Header)+len(rh)/2)
+	for k, v := range res.Header {
+		if !s.deny[http.CanonicalHeaderKey(k)] {
+			hdr[k] = v
+		}
+	}
+	body := res.Body
+	if kid := res.Header[encHeader]; len(kid) == 1 {
+		var err error
+		if body, err = s.Encryption.open(req.Key, res.Code, kid[0], res.Body); err != nil {
+			s.Logger.Error("justonce/httpbridge: stored body cannot be decrypted", "key", req.Key.String(), "key_id", kid[0], "err", err)
+			writeProblem(w, ProblemReplayUnavailable, http.StatusInternalServerError,
+				"the stored response for this key cannot be decrypted; the operation will not run again under this key")
+			return
+		}
+	}
+	for i := 0; i+1 < len(rh); i += 2 {
+		hdr[http.CanonicalHeaderKey(rh[i])] = []string{rh[i+1]}
+	}
+	s.Logger.Debug("justonce/httpbridge: replay", "key", req.Key.String(), "status", res.Code, "cached", out.Cached)
+	writeResponse(w, res.Code, hdr, body)
+}
+
+func sourceName(s string) string {
+	if s == "" {
+		return "an earlier attempt"
+	}
+	return "the " + s + " path"
+}
+
+// storeFailure answers a ledger or database error: 503 when the store is
+// unavailable or the transaction lost a race (retrying is safe), else 500.
+func (s *settings) storeFailure(w http.ResponseWriter, req inbox.Request, err error) {
+	if inbox.IsTransient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		s.Logger.Warn("justonce/httpbridge: store unavailable", "key", req.Key.String(), "err", err)
+		writeProblem(w, ProblemStoreUnavailable, http.StatusServiceUnavailable,
+			"the idempotency store is unavailable; retry with the same key (it runs again only if it was not recorded)",
+			"Retry-After", s.retryAfter)
+		return
+	}
+	s.Logger.Error("justonce/httpbridge: request failed", "key", req.Key.String(), "err", err)
+	writeInternal(w)
+}
+
+func writeInternal(w http.ResponseWriter) {
+	writeProblem(w, "about:blank", http.StatusInternalServerError, "")
+}

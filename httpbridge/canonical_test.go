@@ -1,0 +1,130 @@
+package httpbridge
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http/httptest"
+	"reflect"
+	"strings"
+	"testing"
+
+	"github.com/stretchr/testify/require"
+)
+
+func TestCanonicalJSON(t *testing.T) {
+	t.Parallel()
+	cases := map[string]string{
+		`{"b":1,"a":2}`:                       `{"a":2,"b":1}`,
+		` { "z" : [ 3 , {"y":1,"x":2} ] } `:   `{"z":[3,{"x":2,"y":1}]}`,
+		`12345678901234567890123`:             `12345678901234567890123`,
+		`{"n":1.0,"m":1e2,"l":-0}`:            `{"l":-0,"m":1e2,"n":1.0}`,
+		`"\u0041\u00e9\n\/"`:                  `"Aé\n/"`,
+		`"<&>"`:                               `"<&>"`,
+		`{"a":1,"a":2}`:                       `{"a":1,"a":2}`, // duplicates keep their order
+		`{"b":{"d":null,"c":true},"a":false}`: `{"a":false,"b":{"c":true,"d":null}}`,
+		`"\ud83d\ude00"`:                      `"😀"`, // a valid surrogate pair
+		`"\ufffd"`:                            "\"\uFFFD\"",
+		`[]`:                                  `[]`,
+		`{}`:                                  `{}`,
+		"\"\x7f\"":                            "\"\x7f\"",
+		`"\u001f"`:                            `"\u001f"`,
+	}
+	for in, want := range cases {
+		got, ok := canonicalJSON([]byte(in))
+		require.True(t, ok, in)
+		require.Equal(t, want, string(got), in)
+	}
+	for _, in := range []string{
+		``, `{`, `{"a":1}{"b":2}`, `{"a":1} x`, `[1,]`, `{"a" 1}`, "\"\xff\"",
+		`"\ud800"`, `{"\udc00":1}`, // lone surrogates would collide with U+FFFD
+		strings.Repeat("[", maxJSONDepth+2) + strings.Repeat("]", maxJSONDepth+2),
+	} {
+		_, ok := canonicalJSON([]byte(in))
+		require.False(t, ok, in)
+	}
+}
+
+func TestCanonicalForm(t *testing.T) {
+	t.Parallel()
+	c, ok := canonicalForm([]byte("b=2&a=x+y&a=%21"))
+	require.True(t, ok)
+	require.Equal(t, "a=x+y&a=%21&b=2", string(c))
+	_, ok = canonicalForm([]byte("a=1;b=2"))
+	require.False(t, ok)
+	_, ok = canonicalForm([]byte("a=%zz"))
+	require.False(t, ok)
+}
+
+func TestFingerprint(t *testing.T) {
+	t.Parallel()
+	fp := func(method, target, ctype, body string, hdr ...string) []byte {
+		r := httptest.NewRequest(method, target, strings.NewReader(body))
+		if ctype != "" {
+			r.Header.Set("Content-Type", ctype)
+		}
+		for i := 0; i+1 < len(hdr); i += 2 {
+			r.Header.Add(hdr[i], hdr[i+1])
+		}
+		return fingerprint(r, []byte(body), []string{"Api-Version"})
+	}
+	base := fp("POST", "/o?b=1&a=2", "application/json", `{"a":1,"b":2}`)
+	require.Len(t, base, 33)
+	require.EqualValues(t, fingerprintVersion, base[0])
+	require.Equal(t, base, fp("POST", "/o?a=2&b=1", "application/json; charset=utf-8", `{"b":2, "a":1}`))
+	require.Equal(t, base, fp("POST", "/o?a=2&b=1", "Application/JSON", `{"b":2,"a":1}`))
+	for name, other := range map[string][]byte{
+		"method":     fp("PATCH", "/o?b=1&a=2", "application/json", `{"a":1,"b":2}`),
+		"path":       fp("POST", "/p?b=1&a=2", "application/json", `{"a":1,"b":2}`),
+		"query":      fp("POST", "/o?b=1", "application/json", `{"a":1,"b":2}`),
+		"media":      fp("POST", "/o?b=1&a=2", "application/vnd.x+json", `{"a":1,"b":2}`),
+		"raw":        fp("POST", "/o?b=1&a=2", "text/plain", `{"a":1,"b":2}`),
+		"body":       fp("POST", "/o?b=1&a=2", "application/json", `{"a":1,"b":3}`),
+		"header":     fp("POST", "/o?b=1&a=2", "application/json", `{"a":1,"b":2}`, "Api-Version", "2"),
+		"other hdr2": fp("POST", "/o?b=1&a=2", "application/json", `{"a":1,"b":2}`, "Api-Version", "1", "Api-Version", "2"),
+	} {
+		require.NotEqual(t, base, other, name)
+	}
+	// A raw body that happens to be the canonical JSON of another body is
+	// not confused with it.
+	require.NotEqual(t,
+		fp("POST", "/o", "application/json", `{"b":1,"a":2}`),
+		fp("POST", "/o", "application/json", `{"a":2,"b":1}x`))
+}
+
+// FuzzCanonicalJSON: canonicalJSON never panics; its output is valid JSON,
+// canonical already (idempotent), and means the same as the input.
+func FuzzCanonicalJSON(f *testing.F) {
+	for _, s := range []string{
+		`{"b":1,"a":2}`, `[1,2,{"z":null,"y":[true,false]}]`, `"\ud83d\ude00"`, `"\ud800"`,
+		`12345678901234567890`, `{"a":1,"a":2}`, `{"":{"":""}}`, `-0.0e-10`, `"\u0000"`,
+		"\"\xff\"", `{"a":1}{}`, ` [ ] `, `"\\ufffd\ufffd"`, `{"\t":"<>&\u2028"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, in []byte) {
+		out, ok := canonicalJSON(in)
+		if !ok {
+			return
+		}
+		if !json.Valid(out) {
+			t.Fatalf("invalid output %q from %q", out, in)
+		}
+		again, ok := canonicalJSON(out)
+		if !ok || !bytes.Equal(again, out) {
+			t.Fatalf("not idempotent: %q -> %q -> %q (%v)", in, out, again, ok)
+		}
+		if !reflect.DeepEqual(decode(t, in), decode(t, out)) {
+			t.Fatalf("meaning changed: %q -> %q", in, out)
+		}
+	})
+}
+
+func decode(t *testing.T, b []byte) any {
+	d := json.NewDecoder(bytes.NewReader(b))
+	d.UseNumber()
+	var v any
+	if err := d.Decode(&v); err != nil {
+		t.Fatalf("decode %q: %v", b, err)
+	}
+	return v
+}

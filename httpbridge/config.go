@@ -1,0 +1,429 @@
+package httpbridge
+
+import (
+	"crypto/aes"
+	"fmt"
+	"log/slog"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"github.com/justonce/justonce/inbox"
+)
+
+// Defaults.
+const (
+	// DefaultHeader is the request header of draft-ietf-httpapi-idempotency-key-header.
+	DefaultHeader = "Idempotency-Key"
+	// DefaultReplayHeader marks a replayed response.
+	DefaultReplayHeader = "Idempotent-Replayed"
+	// DefaultMaxKeyLen is the longest key accepted, in bytes.
+	DefaultMaxKeyLen = 255
+	// DefaultMaxBodyBytes caps the request body read for fingerprinting.
+	DefaultMaxBodyBytes = 1 << 20
+	// DefaultMaxResponseBytes caps the response body buffered and stored.
+	DefaultMaxResponseBytes = 1 << 20
+	// DefaultRetryAfter is sent with 409 and 503 answers.
+	DefaultRetryAfter = time.Second
+	// DefaultHandlerTimeout bounds a keyed handler's run.
+	DefaultHandlerTimeout = time.Minute
+)
+
+// Config configures a Bridge: what is shared by every route. Per-route
+// settings are in RouteConfig. The zero value of every field but Ledger
+// is a working default.
+type Config struct {
+	// Ledger records the requests, in the same processed_events table the
+	// consumers use. Required.
+	Ledger *inbox.Ledger
+
+	// Header names the request header carrying the key. Default
+	// "Idempotency-Key".
+	Header string
+	// AltHeaders are other accepted names for the key header. Nil means
+	// {"X-Idempotency-Key"}; an empty non-nil slice accepts Header only.
+	// A request carrying two of the names must give the same key in both.
+	AltHeaders []string
+	// MaxKeyLen is the longest key accepted, in bytes (1 to 255). Default
+	// 255. Routes with MismatchNewRequest accept at most 238 (the ledger ID
+	// also holds a fingerprint suffix).
+	MaxKeyLen int
+
+	// Tenant returns the request's tenant, typically from the auth context
+	// an earlier middleware put in r.Context(). Keys never match across
+	// tenants. Nil: no tenants (""), which is also what consumers use.
+	Tenant func(r *http.Request) string
+	// Principal returns who sent the request, recorded in the ledger for
+	// audit. Nil: nothing recorded.
+	Principal func(r *http.Request) string
+
+	// ReplayHeader is set to "true" on replayed responses. Default
+	// "Idempotent-Replayed".
+	ReplayHeader string
+	// LegacyReplayHeader, when set (for example "X-Idempotency-Replay"), is
+	// also set to "true" on replayed responses.
+	LegacyReplayHeader string
+	// DenyHeaders are response headers never stored nor replayed, in
+	// addition to the credentials always denied: Set-Cookie, Set-Cookie2,
+	// Authorization, Proxy-Authorization, and hop-by-hop headers. The first
+	// response still carries them.
+	DenyHeaders []string
+
+	// RetryAfter is the Retry-After sent with 409 (in flight) and 503
+	// (store down). Default 1 s; it is rounded up to whole seconds.
+	RetryAfter time.Duration
+	// HandlerTimeout bounds a keyed request's handler and ledger work. Keyed
+	// handlers run on a context that does not end when the client goes
+	// away, so that work a client started is finished and recorded, and the
+	// client's retry gets the replay. Default 1 minute.
+	HandlerTimeout time.Duration
+
+	// Encryption, when set, encrypts stored response bodies (AES-GCM).
+	Encryption *Encryption
+
+	// Logger receives request problems and store trouble. Keys are masked.
+	// Nil: silent.
+	Logger *slog.Logger
+}
+
+// Encryption encrypts stored response bodies at rest with AES-GCM. Keys
+// rotate by ID: new bodies use Current, older rows are read with the key
+// whose ID they were stored under, so keep an old key in Keys until its rows
+// have expired. A stored body whose key is gone is answered with a 500
+// problem (replay-unavailable), never with the ciphertext.
+type Encryption struct {
+	// Keys maps a key ID (1 to 64 printable ASCII characters) to an AES key
+	// of 16, 24 or 32 bytes.
+	Keys map[string][]byte
+	// Current is the ID of the key that encrypts new bodies.
+	Current string
+}
+
+// KeyFormat restricts the keys a route accepts.
+type KeyFormat uint8
+
+// Key formats.
+const (
+	// KeyAny accepts any key of printable ASCII within the length limit.
+	KeyAny KeyFormat = iota
+	// KeyUUID accepts only UUIDs (8-4-4-4-12 hex digits, any version),
+	// compared case-insensitively.
+	KeyUUID
+	// KeyUUIDv4 accepts only version 4 UUIDs (seed 004's rule), compared
+	// case-insensitively.
+	KeyUUIDv4
+)
+
+// MismatchPolicy says what a known key with another request (another
+// fingerprint) gets.
+type MismatchPolicy uint8
+
+// Mismatch policies.
+const (
+	// MismatchReject answers 422 (key-reused), as the IETF draft says.
+	MismatchReject MismatchPolicy = iota
+	// MismatchNewRequest treats the same key with another request as a new
+	// request (seed 004's rule): the fingerprint becomes part of the ledger
+	// ID. Such a route cannot share keys with consumers, whose IDs carry no
+	// fingerprint.
+	MismatchNewRequest
+)
+
+// RouteConfig configures one route (or group of routes). Its zero values
+// are the defaults; Scope is required. To share settings between routes,
+// copy a RouteConfig value and change the copy.
+type RouteConfig struct {
+	// Scope is the ledger scope of the route's keys. A consumer or another
+	// route naming the same scope shares dedupe with this one. Required.
+	Scope string
+	// Methods the route covers. Default POST and PATCH; PUT and DELETE may
+	// be added; GET, HEAD, OPTIONS, TRACE and CONNECT never. Requests with
+	// other methods pass through untouched.
+	Methods []string
+	// Required answers 400 (missing-key) to a covered request without a
+	// key. Default false: such requests pass through without dedupe (still
+	// in a transaction on transactional routes).
+	Required bool
+	// KeyFormat restricts the keys accepted. Default KeyAny.
+	KeyFormat KeyFormat
+	// TTL is how long a key is remembered. 0: the ledger's default (24 h).
+	TTL time.Duration
+	// Store decides which response statuses are stored (and their effect
+	// committed). A status it refuses is rolled back: the handler's writes
+	// are undone, the key stays free, and the client still gets the
+	// response. Nil: DefaultStore.
+	Store func(status int) bool
+	// Mismatch policy. Default MismatchReject (422).
+	Mismatch MismatchPolicy
+	// FingerprintHeaders are request headers that take part in the
+	// fingerprint (for example Content-Type variants or an API version
+	// header). Default none.
+	FingerprintHeaders []string
+	// MaxBodyBytes caps the request body read for the fingerprint; a larger
+	// body is answered 413 (body-too-large). Default 1 MiB.
+	MaxBodyBytes int64
+	// MaxResponseBytes caps the response body buffered and stored. A
+	// transactional handler whose response is larger is rolled back and the
+	// client gets 500 (response-too-large); see the package documentation.
+	// Default 1 MiB.
+	MaxResponseBytes int
+	// LockWait is how long a duplicate waits for the request holding its
+	// key to finish (then it gets the replay) before answering 409. 0: the
+	// ledger's default; negative: answer 409 at once.
+	LockWait time.Duration
+	// MaxLiveKeys, when set, limits each tenant's live keys in this scope:
+	// a new key over the limit is answered 429 (quota-exceeded); replays are
+	// still served. A limit of 0 or less means none. The count is taken
+	// before the request runs, so concurrent requests may overshoot it
+	// slightly.
+	MaxLiveKeys func(tenant string) int64
+	// Lease runs the handler outside a transaction, under a lease (for
+	// effects outside the database, such as calling a payment provider):
+	// Tx returns nil, FencingToken returns the lease's token. A crash
+	// mid-handler lets the lease expire and a retry runs the handler again,
+	// so the effect must itself be idempotent or fenced.
+	Lease bool
+	// LeaseDuration of lease-mode routes; renewed while the handler runs.
+	// 0: the ledger's default (30 s).
+	LeaseDuration time.Duration
+}
+
+// DefaultStore is the default storage policy: 2xx, 3xx and 4xx responses
+// are stored, except 408, 409, 425 and 429 (the request may succeed if
+// sent again); 1xx and 5xx are not. 3xx is stored too because refusing it
+// would roll back a POST that answers 303 See Other.
+func DefaultStore(status int) bool {
+	switch status {
+	case http.StatusRequestTimeout, http.StatusConflict, http.StatusTooEarly, http.StatusTooManyRequests:
+		return false
+	}
+	return status >= 200 && status < 500
+}
+
+// newRequestSuffixLen is what MismatchNewRequest appends to the key in the
+// ledger ID: "~" and 16 base64url characters of the fingerprint.
+const newRequestSuffixLen = 17
+
+// Validate reports whether the Config is usable, treating zero values as
+// their defaults. Errors match inbox.ErrConfig.
+func (c Config) Validate() error {
+	if c.Ledger == nil {
+		return configErr("Ledger is nil")
+	}
+	for _, h := range append([]string{c.Header, c.ReplayHeader, c.LegacyReplayHeader}, c.AltHeaders...) {
+		if h != "" && !validHeaderName(h) {
+			return configErr("invalid header name %q", h)
+		}
+	}
+	for _, h := range c.DenyHeaders {
+		if !validHeaderName(h) {
+			return configErr("invalid header name %q in DenyHeaders", h)
+		}
+	}
+	if c.MaxKeyLen < 0 || c.MaxKeyLen > 255 {
+		return configErr("MaxKeyLen %d is outside 1..255", c.MaxKeyLen)
+	}
+	if c.RetryAfter < 0 {
+		return configErr("RetryAfter is negative")
+	}
+	if c.HandlerTimeout < 0 {
+		return configErr("HandlerTimeout is negative")
+	}
+	if c.Encryption != nil {
+		if err := c.Encryption.validate(); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (e *Encryption) validate() error {
+	if len(e.Keys) == 0 {
+		return configErr("Encryption.Keys is empty")
+	}
+	if _, ok := e.Keys[e.Current]; !ok {
+		return configErr("Encryption.Current %q is not in Encryption.Keys", e.Current)
+	}
+	for id, k := range e.Keys {
+		if id == "" || len(id) > 64 || !printableASCII(id) {
+			return configErr("Encryption key ID %q must be 1 to 64 printable ASCII characters", id)
+		}
+		if _, err := aes.NewCipher(k); err != nil {
+			return configErr("Encryption key %q: %v", id, err)
+		}
+	}
+	return nil
+}
+
+// Validate reports whether the RouteConfig is usable, treating zero values
+// as their defaults. Errors match inbox.ErrConfig.
+func (rc RouteConfig) Validate() error {
+	if rc.Scope == "" {
+		return configErr("RouteConfig.Scope is empty")
+	}
+	if err := (inbox.Key{Scope: rc.Scope, ID: "x"}).Validate(0); err != nil {
+		return configErr("RouteConfig.Scope: %v", err)
+	}
+	for _, m := range rc.Methods {
+		switch m {
+		case http.MethodPost, http.MethodPatch, http.MethodPut, http.MethodDelete:
+		case http.MethodGet, http.MethodHead, http.MethodOptions, http.MethodTrace, http.MethodConnect:
+			return configErr("method %s is never idempotency-keyed", m)
+		default:
+			if !validHeaderName(m) { // a method is a token too
+				return configErr("invalid method %q", m)
+			}
+		}
+	}
+	if rc.KeyFormat > KeyUUIDv4 {
+		return configErr("unknown KeyFormat %d", rc.KeyFormat)
+	}
+	if rc.Mismatch > MismatchNewRequest {
+		return configErr("unknown MismatchPolicy %d", rc.Mismatch)
+	}
+	for _, h := range rc.FingerprintHeaders {
+		if !validHeaderName(h) {
+			return configErr("invalid header name %q in FingerprintHeaders", h)
+		}
+	}
+	switch {
+	case rc.TTL < 0:
+		return configErr("TTL is negative")
+	case rc.MaxBodyBytes < 0:
+		return configErr("MaxBodyBytes is negative")
+	case rc.MaxResponseBytes < 0:
+		return configErr("MaxResponseBytes is negative")
+	case rc.LeaseDuration < 0:
+		return configErr("LeaseDuration is negative")
+	case rc.LeaseDuration > 0 && !rc.Lease:
+		return configErr("LeaseDuration is set but Lease is false")
+	}
+	return nil
+}
+
+// settings is a Config with its defaults applied.
+type settings struct {
+	Config
+	keyHeaders []string // Header first, then AltHeaders
+	deny       map[string]bool
+	retryAfter string
+}
+
+func newSettings(c Config) settings {
+	if c.Header == "" {
+		c.Header = DefaultHeader
+	}
+	if c.AltHeaders == nil {
+		c.AltHeaders = []string{"X-Idempotency-Key"}
+	}
+	if c.MaxKeyLen == 0 {
+		c.MaxKeyLen = DefaultMaxKeyLen
+	}
+	if c.ReplayHeader == "" {
+		c.ReplayHeader = DefaultReplayHeader
+	}
+	if c.RetryAfter == 0 {
+		c.RetryAfter = DefaultRetryAfter
+	}
+	if c.HandlerTimeout == 0 {
+		c.HandlerTimeout = DefaultHandlerTimeout
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	s := settings{Config: c, deny: map[string]bool{}}
+	s.keyHeaders = append(s.keyHeaders, http.CanonicalHeaderKey(c.Header))
+	for _, h := range c.AltHeaders {
+		h = http.CanonicalHeaderKey(h)
+		if !slices.Contains(s.keyHeaders, h) {
+			s.keyHeaders = append(s.keyHeaders, h)
+		}
+	}
+	for _, h := range alwaysDenied {
+		s.deny[h] = true
+	}
+	for _, h := range c.DenyHeaders {
+		s.deny[http.CanonicalHeaderKey(h)] = true
+	}
+	// The bridge's own headers are never stored.
+	s.deny[http.CanonicalHeaderKey(c.ReplayHeader)] = true
+	if c.LegacyReplayHeader != "" {
+		s.deny[http.CanonicalHeaderKey(c.LegacyReplayHeader)] = true
+	}
+	s.deny[encHeader] = true
+	secs := (c.RetryAfter + time.Second - 1) / time.Second
+	s.retryAfter = fmt.Sprint(int64(secs))
+	return s
+}
+
+// alwaysDenied are never stored nor replayed: credentials, and hop-by-hop
+// headers that belong to one connection.
+var alwaysDenied = []string{
+	"Set-Cookie", "Set-Cookie2", "Authorization", "Proxy-Authorization", "Proxy-Authenticate",
+	"Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Date",
+}
+
+// route is a RouteConfig with its defaults applied.
+type route struct {
+	RouteConfig
+	methods   map[string]bool
+	maxKeyLen int
+}
+
+func newRoute(rc RouteConfig, s *settings) route {
+	if len(rc.Methods) == 0 {
+		rc.Methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	if rc.Store == nil {
+		rc.Store = DefaultStore
+	}
+	if rc.MaxBodyBytes == 0 {
+		rc.MaxBodyBytes = DefaultMaxBodyBytes
+	}
+	if rc.MaxResponseBytes == 0 {
+		rc.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	rt := route{RouteConfig: rc, methods: map[string]bool{}, maxKeyLen: s.MaxKeyLen}
+	for _, m := range rc.Methods {
+		rt.methods[m] = true
+	}
+	if rc.Mismatch == MismatchNewRequest && rt.maxKeyLen > 255-newRequestSuffixLen {
+		rt.maxKeyLen = 255 - newRequestSuffixLen
+	}
+	return rt
+}
+
+func configErr(format string, args ...any) error {
+	return fmt.Errorf("%w: httpbridge: %s", inbox.ErrConfig, fmt.Sprintf(format, args...))
+}
+
+func validHeaderName(s string) bool {
+	if s == "" {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !isTchar(s[i]) {
+			return false
+		}
+	}
+	return true
+}
+
+// isTchar reports an RFC 9110 token character.
+func isTchar(c byte) bool {
+	switch {
+	case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		return true
+	}
+	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
+}
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

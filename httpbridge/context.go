@@ -1,0 +1,37 @@
+package httpbridge
+
+import (
+	"context"
+
+	"github.com/jackc/pgx/v5"
+)
+
+type ctxKey int
+
+const (
+	txKey ctxKey = iota
+	tokenKey
+)
+
+// Tx returns the transaction a transactional route runs its handler in:
+// the ledger's transaction for a keyed request (its writes, the ledger row
+// and the stored response commit together), or a plain transaction for a
+// request without a key on an optional route. The handler must not commit
+// or roll it back (Commit and Rollback return inbox.ErrTxOwned); the
+// response's status decides (see RouteConfig.Store). Begin opens a
+// savepoint.
+//
+// Tx returns nil outside a covered request: other methods, lease-mode
+// routes, or a context the bridge did not make.
+func Tx(ctx context.Context) pgx.Tx {
+	tx, _ := ctx.Value(txKey).(pgx.Tx)
+	return tx
+}
+
+// FencingToken returns the lease's fencing token in a lease-mode handler,
+// and false elsewhere. Pass it to downstream systems so that they can turn
+// away a stale holder whose lease expired. It only grows.
+func FencingToken(ctx context.Context) (int64, bool) {
+	t, ok := ctx.Value(tokenKey).(int64)
+	return t, ok
+}

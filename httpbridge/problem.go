@@ -1,0 +1,94 @@
+package httpbridge
+
+import (
+	"encoding/json"
+	"net/http"
+	"strconv"
+)
+
+// Problem types: the stable "type" URIs of the application/problem+json
+// (RFC 9457) answers the bridge gives itself. Handlers' own responses are
+// passed through and replayed as they are.
+const (
+	problemBase = "https://justonce.dev/problems/"
+
+	// ProblemMissingKey (400): the route requires a key and none was sent.
+	ProblemMissingKey = problemBase + "missing-key"
+	// ProblemInvalidKey (400): the key header is malformed: a list, repeated,
+	// empty, too long, non-printable, or not of the route's KeyFormat.
+	ProblemInvalidKey = problemBase + "invalid-key"
+	// ProblemBodyUnreadable (400): the request body could not be read.
+	ProblemBodyUnreadable = problemBase + "body-unreadable"
+	// ProblemInProgress (409): a request with this key is running now;
+	// retry after Retry-After with the same key.
+	ProblemInProgress = problemBase + "request-in-progress"
+	// ProblemBodyTooLarge (413): the body is over the route's MaxBodyBytes.
+	ProblemBodyTooLarge = problemBase + "body-too-large"
+	// ProblemKeyReused (422): the key was used with another request
+	// (method, path, body or fingerprinted headers differ).
+	ProblemKeyReused = problemBase + "key-reused"
+	// ProblemKeyFailed (422): the key's operation failed for good (a
+	// consumer dead-lettered it, or a lease-mode response could not be
+	// kept); it will not run again under this key. Use a new key.
+	ProblemKeyFailed = problemBase + "key-failed"
+	// ProblemQuotaExceeded (429): the tenant holds too many live keys in
+	// this scope.
+	ProblemQuotaExceeded = problemBase + "quota-exceeded"
+	// ProblemResponseTooLarge (500): the handler's response is over the
+	// route's MaxResponseBytes, so it could not be stored.
+	ProblemResponseTooLarge = problemBase + "response-too-large"
+	// ProblemReplayUnavailable (500): the stored response cannot be
+	// decrypted (its key ID is no longer configured).
+	ProblemReplayUnavailable = problemBase + "replay-unavailable"
+	// ProblemLeaseLost (500): a lease-mode handler outlived its lease and
+	// another attempt may have taken the key over.
+	ProblemLeaseLost = problemBase + "lease-lost"
+	// ProblemStoreUnavailable (503): the ledger's database is unreachable;
+	// nothing was recorded. Retry with the same key.
+	ProblemStoreUnavailable = problemBase + "store-unavailable"
+)
+
+// problem is an RFC 9457 problem details object.
+type problem struct {
+	Type   string `json:"type"`
+	Title  string `json:"title"`
+	Status int    `json:"status"`
+	Detail string `json:"detail,omitempty"`
+}
+
+var problemTitles = map[string]string{
+	ProblemMissingKey:        "Idempotency-Key required",
+	ProblemInvalidKey:        "Invalid Idempotency-Key",
+	ProblemBodyUnreadable:    "Request body unreadable",
+	ProblemInProgress:        "Request in progress",
+	ProblemBodyTooLarge:      "Request body too large",
+	ProblemKeyReused:         "Idempotency-Key reused",
+	ProblemKeyFailed:         "Operation failed",
+	ProblemQuotaExceeded:     "Too many live Idempotency-Keys",
+	ProblemResponseTooLarge:  "Response too large to store",
+	ProblemReplayUnavailable: "Stored response unavailable",
+	ProblemLeaseLost:         "Lease lost",
+	ProblemStoreUnavailable:  "Idempotency store unavailable",
+	"about:blank":            "Internal Server Error",
+}
+
+// problemJSON encodes a problem body.
+func problemJSON(typ string, status int, detail string) []byte {
+	b, _ := json.Marshal(problem{Type: typ, Title: problemTitles[typ], Status: status, Detail: detail})
+	return b
+}
+
+// writeProblem answers with a problem; extra headers (Retry-After, the
+// replay header) are set first.
+func writeProblem(w http.ResponseWriter, typ string, status int, detail string, extra ...string) {
+	body := problemJSON(typ, status, detail)
+	h := w.Header()
+	for i := 0; i+1 < len(extra); i += 2 {
+		h.Set(extra[i], extra[i+1])
+	}
+	h.Set("Content-Type", "application/problem+json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	h.Set("Cache-Control", "no-store")
+	w.WriteHeader(status)
+	_, _ = w.Write(body)
+}

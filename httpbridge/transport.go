@@ -1,0 +1,185 @@
+package httpbridge
+
+import (
+	"context"
+	"errors"
+	"io"
+	mrand "math/rand/v2"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/google/uuid"
+)
+
+// Transport is the client side: an http.RoundTripper that gives POST and
+// PATCH requests without a key a fresh UUID v4 key, and retries them with
+// the same key on 409, 425, 429, 5xx (except 501 and 505) and network
+// errors, with exponential backoff and jitter. Other 4xx answers are
+// returned at once. The zero value is ready to use:
+//
+//	client := &http.Client{Transport: &httpbridge.Transport{}}
+//
+// Requests with other methods pass through once, untouched, unless they
+// already carry the key header, in which case they are retried too.
+//
+// A retry resends the body through Request.GetBody (set by http.NewRequest
+// for bytes, strings and their readers); a request with a body and no
+// GetBody is sent once. The last response (or error) is returned when the
+// attempts run out; a Retry-After header is honoured, up to MaxDelay.
+type Transport struct {
+	// Base sends the requests. Nil: http.DefaultTransport.
+	Base http.RoundTripper
+	// Header names the key header. Default "Idempotency-Key".
+	Header string
+	// Methods given a key when they have none. Default POST and PATCH.
+	Methods []string
+	// MaxAttempts, the first included. Default 4 (retries after about
+	// 100, 200 and 400 ms).
+	MaxAttempts int
+	// BaseDelay is the wait before the first retry; it doubles with each
+	// retry. Each wait is drawn between half and all of it. Default 100 ms.
+	BaseDelay time.Duration
+	// MaxDelay caps a wait, Retry-After included. Default 5 s.
+	MaxDelay time.Duration
+	// NewKey makes a key. Default: a random UUID v4.
+	NewKey func() string
+}
+
+// RoundTrip implements http.RoundTripper. It does not modify req: the key
+// is set on a clone.
+func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
+	base := t.Base
+	if base == nil {
+		base = http.DefaultTransport
+	}
+	name := t.Header
+	if name == "" {
+		name = DefaultHeader
+	}
+	methods := t.Methods
+	if len(methods) == 0 {
+		methods = []string{http.MethodPost, http.MethodPatch}
+	}
+	hasKey := req.Header.Get(name) != ""
+	if !hasKey && !slices.Contains(methods, req.Method) {
+		return base.RoundTrip(req)
+	}
+	ctx := req.Context()
+	attempt := req.Clone(ctx)
+	if !hasKey {
+		newKey := t.NewKey
+		if newKey == nil {
+			newKey = uuid.NewString
+		}
+		attempt.Header.Set(name, newKey())
+	}
+	attempts := t.MaxAttempts
+	if attempts <= 0 {
+		attempts = 4
+	}
+	replayable := req.Body == nil || req.Body == http.NoBody || req.GetBody != nil
+	if !replayable {
+		attempts = 1
+	}
+	for n := 1; ; n++ {
+		if n > 1 && req.GetBody != nil {
+			body, err := req.GetBody()
+			if err != nil {
+				return nil, err
+			}
+			attempt = attempt.Clone(ctx)
+			attempt.Body = body
+		}
+		resp, err := base.RoundTrip(attempt)
+		if n >= attempts || !retryable(resp, err) || ctx.Err() != nil {
+			return resp, err
+		}
+		wait := t.delay(n)
+		if resp != nil {
+			if ra, ok := retryAfter(resp.Header.Get("Retry-After")); ok && ra > wait {
+				wait = ra
+			}
+			drain(resp.Body)
+		}
+		if max := t.maxDelay(); wait > max {
+			wait = max
+		}
+		if err := sleep(ctx, wait); err != nil {
+			return nil, err
+		}
+	}
+}
+
+// retryable: 409, 425, 429, 5xx but 501 and 505, and network errors.
+func retryable(resp *http.Response, err error) bool {
+	if err != nil {
+		return !errors.Is(err, context.Canceled) && !errors.Is(err, context.DeadlineExceeded)
+	}
+	switch c := resp.StatusCode; {
+	case c == http.StatusConflict, c == http.StatusTooEarly, c == http.StatusTooManyRequests:
+		return true
+	case c == http.StatusNotImplemented, c == http.StatusHTTPVersionNotSupported:
+		return false
+	default:
+		return c >= 500 && c < 600
+	}
+}
+
+// delay is the wait after failed attempt n (from 1): a random time between
+// half and all of BaseDelay·2^(n-1), capped by MaxDelay.
+func (t *Transport) delay(n int) time.Duration {
+	d := t.BaseDelay
+	if d <= 0 {
+		d = 100 * time.Millisecond
+	}
+	max := t.maxDelay()
+	for i := 1; i < n && d < max; i++ {
+		d *= 2
+	}
+	d = min(d, max)
+	half := d / 2
+	return half + mrand.N(d-half+1)
+}
+
+func (t *Transport) maxDelay() time.Duration {
+	if t.MaxDelay <= 0 {
+		return 5 * time.Second
+	}
+	return t.MaxDelay
+}
+
+// retryAfter parses a Retry-After value: delta seconds or an HTTP date.
+func retryAfter(v string) (time.Duration, bool) {
+	if v == "" {
+		return 0, false
+	}
+	if s, err := strconv.ParseInt(v, 10, 64); err == nil && s >= 0 {
+		return time.Duration(min(s, 1<<20)) * time.Second, true
+	}
+	if at, err := http.ParseTime(v); err == nil {
+		return max(time.Until(at), 0), true
+	}
+	return 0, false
+}
+
+// drain reads a little of a discarded body so the connection can be reused.
+func drain(b io.ReadCloser) {
+	_, _ = io.CopyN(io.Discard, b, 64<<10)
+	_ = b.Close()
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
