@@ -7,11 +7,12 @@ GO ?= go
 # (The year-style tag is not resolvable through the module proxy; pin the semver.)
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all services-up services-down services-status test lint bench demo fuzz
+.PHONY: all services-up services-down services-status test lint bench demo fuzz chaos chaos-short
 
 all: lint test
 
 services-up:
+	bash scripts/deps.sh
 	bash scripts/services.sh up
 
 services-down:
@@ -20,7 +21,7 @@ services-down:
 services-status:
 	bash scripts/services.sh status
 
-test:
+test: services-up
 	$(GO) test -race -count=1 -timeout 20m ./...
 
 lint:
@@ -31,10 +32,19 @@ lint:
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
-demo:
+demo: services-up
 	$(GO) run ./examples/quickstart
 
-# fuzz: placeholder. Fuzz targets are not written yet; once they exist this will run
-# each one for a bounded time, e.g. go test -run '^$$' -fuzz '^FuzzX$$' -fuzztime 30s ./pkg
+# fuzz: the fuzz targets of what parses untrusted input, 30 s each.
 fuzz:
-	@echo "fuzz: no fuzz targets yet (placeholder)"
+	$(GO) test -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 30s ./httpbridge
+	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime 30s ./httpbridge
+
+# chaos: the full fault-injection run (100,000 events per transport, 20 % duplicates,
+# >= 20 SIGKILLs, Redis outages, dropped Postgres connections, HTTP retries).
+chaos: services-up
+	$(GO) run ./internal/chaos
+
+# chaos-short: the shorter run CI does.
+chaos-short: services-up
+	$(GO) run ./internal/chaos -events 5000 -kills 8 -redis-outages 2 -pg-terminates 3 -http-keys 500 -timeout 8m
