@@ -58,6 +58,7 @@ exactly-once effects.`,
 		subs: []*command{
 			migrateCommand(),
 			ledgerCommand(),
+			replayCommand(),
 		},
 	}
 }
