@@ -33,7 +33,7 @@ bench:
 	$(GO) test -run '^$$' -bench . -benchmem ./...
 
 demo: services-up
-	$(GO) run ./examples/quickstart
+	$(GO) run ./examples/payments
 
 # fuzz: the fuzz targets of what parses untrusted input, 30 s each.
 fuzz:

@@ -1,0 +1,293 @@
+// Command payments is a payments service that takes the same "pay" command
+// over HTTP (Idempotency-Key), Kafka and NATS JetStream, all on one justonce
+// ledger in one scope. It sends one payment through all three paths,
+// several times each and partly at once, and shows that exactly one payment
+// was made.
+//
+//	make demo        # starts Postgres, Redis, Kafka; NATS is embedded here
+package main
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"io"
+	"log"
+	"net"
+	"net/http"
+	"os"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/redis/go-redis/v9"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/httpbridge"
+	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/svcenv"
+	"github.com/justonce/justonce/migrations"
+	kafkainbox "github.com/justonce/justonce/transports/kafka"
+	natsinbox "github.com/justonce/justonce/transports/nats"
+)
+
+const scope = "payments" // shared by the HTTP route and both consumers
+
+func main() {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	if err := run(ctx); err != nil {
+		log.Fatal(err)
+	}
+}
+
+func env(name, def string) string {
+	if v := os.Getenv(name); v != "" {
+		return v
+	}
+	if v := svcenv.Get(name); v != "" {
+		return v
+	}
+	return def
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+// pay is the business effect, the same for every path: one payment row.
+func pay(ctx context.Context, tx pgx.Tx, key, via string) (string, error) {
+	paymentID := "pay_" + randHex(6)
+	_, err := tx.Exec(ctx, `INSERT INTO payments (payment_id, idempotency_key, order_id, amount_cents, first_seen_via)
+		VALUES ($1, $2, 'order-42', 1999, $3)`, paymentID, key, via)
+	return paymentID, err
+}
+
+func run(ctx context.Context) error {
+	const schema = "justonce_demo"
+	pgURL := env("JUSTONCE_TEST_POSTGRES_URL", "postgres://postgres@127.0.0.1:55432/postgres?sslmode=disable")
+	cfg, err := pgxpool.ParseConfig(pgURL)
+	if err != nil {
+		return err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	if _, err := migrations.New(pool, migrations.Config{Schema: schema}).Up(ctx); err != nil {
+		return fmt.Errorf("migrate (is Postgres up? `make services-up`): %w", err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS payments (payment_id text PRIMARY KEY,
+		idempotency_key text, order_id text, amount_cents int, first_seen_via text, created_at timestamptz DEFAULT now())`); err != nil {
+		return err
+	}
+
+	// One ledger, Redis in front.
+	rdb := redis.NewClient(&redis.Options{Addr: env("JUSTONCE_TEST_REDIS_ADDR", "127.0.0.1:56379"), ContextTimeoutEnabled: true})
+	defer rdb.Close()
+	ledger, err := inbox.New(pool, inbox.Config{Schema: schema, Redis: &inbox.RedisConfig{Client: rdb, Prefix: "demo:"}})
+	if err != nil {
+		return err
+	}
+
+	key := "pay-order-42-" + randHex(4) // the payment command's ID everywhere
+	var mu sync.Mutex
+	logf := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Printf(format+"\n", args...)
+	}
+	var answered atomic.Int64
+	hooks := func(via string) consumer.Hooks {
+		return consumer.Hooks{OnOutcome: func(m *consumer.Message, out inbox.Outcome, _ time.Duration) {
+			answered.Add(1)
+			logf("%-5s delivery of %s -> %s", via, inbox.Mask(m.ID), out.Disposition)
+		}}
+	}
+	handler := func(via string) consumer.Handler {
+		return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			id, err := pay(ctx, tx, m.ID, via)
+			// Recorded, so an HTTP retry with this key replays it.
+			consumer.SetResult(ctx, inbox.Result{Code: 201, Header: map[string][]string{"Content-Type": {"application/json"}},
+				Body: []byte(fmt.Sprintf(`{"payment_id":%q,"via":%q}`, id, via))})
+			return err
+		}
+	}
+
+	// HTTP: POST /payments behind the Idempotency-Key bridge.
+	bridge, err := httpbridge.New(httpbridge.Config{Ledger: ledger})
+	if err != nil {
+		return err
+	}
+	route := bridge.Route(httpbridge.RouteConfig{Scope: scope, Required: true})
+	mux := http.NewServeMux()
+	mux.Handle("POST /payments", route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		id, err := pay(r.Context(), httpbridge.Tx(r.Context()), r.Header.Get("Idempotency-Key"), "http")
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"payment_id":%q,"via":"http"}`, id)
+	})))
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Close()
+
+	// Kafka: a topic of the demo's own, a consumer group in the shared scope.
+	brokers := []string{env("JUSTONCE_TEST_KAFKA_BROKERS", "127.0.0.1:59092")}
+	topic := "payments-" + randHex(4)
+	if err := createTopic(brokers[0], topic); err != nil {
+		return fmt.Errorf("kafka (is it up? `make services-up`): %w", err)
+	}
+	kc, err := kafkainbox.New(kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: "payments-demo-" + randHex(3),
+		Processor: consumer.Config{Ledger: ledger, Scope: scope, Hooks: hooks("kafka")}}, handler("kafka"))
+	if err != nil {
+		return err
+	}
+
+	// NATS: a real nats-server embedded here, a JetStream stream.
+	dir, err := os.MkdirTemp("", "justonce-demo-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(dir)
+	ns, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: -1, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
+	if err != nil {
+		return err
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(10 * time.Second) {
+		return errors.New("nats-server not ready")
+	}
+	defer ns.Shutdown()
+	nc, err := nats.Connect(ns.ClientURL())
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	js, _ := jetstream.New(nc)
+	// A short duplicate window, so republishes reach the consumer (as they
+	// do after the default 2 minutes).
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PAYMENTS", Subjects: []string{"payments"}, Duplicates: 100 * time.Millisecond}); err != nil {
+		return err
+	}
+	natsC, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: "PAYMENTS", Durable: "payments", Handler: handler("nats"),
+		Processor: consumer.Config{Ledger: ledger, Scope: scope, Hooks: hooks("nats")}})
+	if err != nil {
+		return err
+	}
+
+	runCtx, stopConsumers := context.WithCancel(ctx)
+	defer stopConsumers()
+	var wg sync.WaitGroup
+	for _, c := range []interface{ Run(context.Context) error }{kc, natsC} {
+		wg.Add(1)
+		go func() { defer wg.Done(); _ = c.Run(runCtx) }()
+	}
+
+	fmt.Printf("one payment command, key %s, sent 3× over Kafka, 3× over NATS, 4× over HTTP (2 at once)\n\n", inbox.Mask(key))
+	// 1. Kafka, three times (a producer retrying).
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, BatchTimeout: 5 * time.Millisecond}
+	defer w.Close()
+	for i := 0; i < 3; i++ {
+		if err := w.WriteMessages(ctx, kafkainbox.NewMessage(key, []byte("order-42"), []byte(`{"order":"order-42","cents":1999}`))); err != nil {
+			return err
+		}
+	}
+	// 2. NATS, three times, past the stream's duplicate window.
+	for i := 0; i < 3; i++ {
+		m := nats.NewMsg("payments")
+		m.Header.Set(jetstream.MsgIDHeader, key)
+		m.Data = []byte(`{"order":"order-42","cents":1999}`)
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			return err
+		}
+		time.Sleep(150 * time.Millisecond)
+	}
+	// 3. HTTP: two clients at once, then two retries.
+	client := &http.Client{Transport: &httpbridge.Transport{}}
+	post := func(n int) {
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ln.Addr().String()+"/payments",
+			bytes.NewReader([]byte(`{"order":"order-42","cents":1999}`)))
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			logf("http  request %d -> error %v", n, err)
+			return
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		logf("http  request %d -> %d replayed=%q %s", n, resp.StatusCode, resp.Header.Get("Idempotent-Replayed"), bytes.TrimSpace(body))
+	}
+	var hw sync.WaitGroup
+	for i := 1; i <= 2; i++ {
+		hw.Add(1)
+		go func() { defer hw.Done(); post(i) }()
+	}
+	hw.Wait()
+	post(3)
+	post(4)
+
+	// Wait until all six broker deliveries were answered.
+	for deadline := time.Now().Add(60 * time.Second); answered.Load() < 6; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			stopConsumers()
+			return fmt.Errorf("only %d of 6 broker deliveries answered", answered.Load())
+		}
+	}
+	stopConsumers()
+	wg.Wait()
+
+	var n int
+	var via string
+	if err := pool.QueryRow(ctx, `SELECT count(*), min(first_seen_via) FROM payments WHERE idempotency_key = $1`, key).Scan(&n, &via); err != nil {
+		return err
+	}
+	rec, err := ledger.Lookup(ctx, inbox.Key{Scope: scope, ID: key})
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\n10 deliveries over 3 paths -> %d payment (made via %s); ledger: status=%s source=%s\n", n, via, rec.Status, rec.Source)
+	if n != 1 {
+		return fmt.Errorf("expected exactly one payment, got %d", n)
+	}
+	return nil
+}
+
+func createTopic(broker, topic string) error {
+	conn, err := kafka.Dial("tcp", broker)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctrl, err := conn.Controller()
+	if err != nil {
+		return err
+	}
+	cc, err := kafka.Dial("tcp", fmt.Sprintf("%s:%d", ctrl.Host, ctrl.Port))
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	return cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: 1, ReplicationFactor: 1})
+}
