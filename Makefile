@@ -29,8 +29,8 @@ lint:
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
-bench:
-	$(GO) test -run '^$$' -bench . -benchmem ./...
+bench: services-up
+	bash scripts/bench.sh
 
 demo: services-up
 	$(GO) run ./examples/payments
