@@ -138,6 +138,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// client goes away: its retry then gets the replay.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.HandlerTimeout)
 	defer cancel()
+	ctx = context.WithValue(ctx, keyKey, key)
 
 	if !h.quotaOK(ctx, w, req) {
 		return

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -423,8 +424,7 @@ func TestClientDisconnectLosesNothing(t *testing.T) {
 		b := setup(t, setupOpts{redis: redisOn})
 		started := make(chan struct{})
 		release := make(chan struct{})
-		var releaseOnce sync.Once
-		unblock := func() { releaseOnce.Do(func() { close(release) }) }
+		unblock := closer(t, release)
 		var outer atomic.Pointer[context.Context]
 		a := &app{}
 		slow := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -488,6 +488,7 @@ func TestInFlightIs409WithRetryAfter(t *testing.T) {
 	stores(t, func(t *testing.T, redisOn bool) {
 		b := setup(t, setupOpts{redis: redisOn, cfg: httpbridge.Config{RetryAfter: 1500 * time.Millisecond}})
 		started, release := make(chan struct{}), make(chan struct{})
+		unblock := closer(t, release)
 		a := &app{}
 		h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			close(started)
@@ -500,7 +501,7 @@ func TestInFlightIs409WithRetryAfter(t *testing.T) {
 		r := post(h, "busy", `{}`)
 		requireProblem(t, r, http.StatusConflict, httpbridge.ProblemInProgress)
 		require.Equal(t, "2", r.Header.Get("Retry-After"), "rounded up to whole seconds")
-		close(release)
+		unblock()
 		require.Equal(t, http.StatusCreated, (<-done).Code)
 	})
 }
@@ -509,6 +510,7 @@ func TestLockWaitTurnsConflictIntoReplay(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{})
 	started, release := make(chan struct{}), make(chan struct{})
+	unblock := closer(t, release)
 	a := &app{}
 	h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders", LockWait: 5 * time.Second})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if a.runs.Load() == 0 {
@@ -522,7 +524,7 @@ func TestLockWaitTurnsConflictIntoReplay(t *testing.T) {
 	await(t, started, "the handler starts", done)
 	waiting := make(chan response)
 	go func() { waiting <- post(h, "wait", `{}`) }()
-	close(release)
+	unblock()
 	first, second := <-done, <-waiting
 	require.Equal(t, http.StatusCreated, first.Code)
 	require.True(t, second.replayed(), "the duplicate waited for the replay: %d %s", second.Code, second.Body)
@@ -829,6 +831,9 @@ func TestLeaseMode(t *testing.T) {
 				tok, ok := httpbridge.FencingToken(r.Context())
 				require.True(t, ok)
 				tokens.Store(tok, true)
+				key, ok := httpbridge.Key(r.Context())
+				require.True(t, ok)
+				require.Equal(t, "pay", key)
 				if fail.Load() {
 					w.WriteHeader(http.StatusBadGateway)
 					return
@@ -946,4 +951,60 @@ func TestFingerprintHeadersAndTTL(t *testing.T) {
 	rec, err := b.ledger.Lookup(context.Background(), inbox.Key{Scope: "orders", ID: "v"})
 	require.NoError(t, err)
 	require.WithinDuration(t, time.Now().Add(72*time.Hour), rec.ExpiresAt, time.Minute)
+}
+
+func TestLogsMaskKeys(t *testing.T) {
+	t.Parallel()
+	var buf syncBuffer
+	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	b := setup(t, setupOpts{cfg: httpbridge.Config{Logger: logger}})
+	h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders"})(&app{})
+	const key = "550e8400-e29b-41d4-a716-446655440000"
+	require.Equal(t, http.StatusCreated, post(h, key, `{"a":1}`).Code)
+	require.True(t, post(h, key, `{"a":1}`).replayed())
+	requireProblem(t, post(h, key, `{"a":2}`), http.StatusUnprocessableEntity, httpbridge.ProblemKeyReused)
+	out := buf.String()
+	require.Contains(t, out, "550e****0000")
+	require.NotContains(t, out, key)
+	require.NotContains(t, out, "e29b")
+}
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func TestKeyInContext(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	var got atomic.Pointer[string]
+	h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		k, ok := httpbridge.Key(r.Context())
+		if !ok {
+			k = "<none>"
+		}
+		got.Store(&k)
+	}))
+	serve(h, http.MethodPost, "/orders", `{}`, "Idempotency-Key", `"a \"quoted\" key"`)
+	require.Equal(t, `a "quoted" key`, *got.Load())
+	serve(h, http.MethodPost, "/orders", `{}`)
+	require.Equal(t, "<none>", *got.Load())
+	u := b.bridge.Route(httpbridge.RouteConfig{Scope: "u", KeyFormat: httpbridge.KeyUUID})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		k, _ := httpbridge.Key(r.Context())
+		got.Store(&k)
+	}))
+	serve(u, http.MethodPost, "/u", `{}`, "Idempotency-Key", "550E8400-E29B-41D4-A716-446655440000")
+	require.Equal(t, "550e8400-e29b-41d4-a716-446655440000", *got.Load())
 }

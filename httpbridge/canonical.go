@@ -2,12 +2,10 @@ package httpbridge
 
 import (
 	"bytes"
-	"encoding/json"
-	"errors"
-	"io"
 	"net/url"
 	"slices"
 	"strings"
+	"unicode/utf16"
 	"unicode/utf8"
 )
 
@@ -15,169 +13,307 @@ import (
 // as raw bytes.
 const maxJSONDepth = 512
 
-var errNotCanonical = errors.New("not canonicalizable")
-
-// canonicalJSON returns the canonical form of a JSON document: object
-// members sorted by key (bytewise, recursively; members with the same key
-// keep their order), no insignificant whitespace, numbers exactly as
-// written (json.Number: 1.0 and 1 differ, 2^64+1 keeps every digit),
-// strings re-escaped one way (only '"', '\' and control characters are
-// escaped). ok is false for anything that is not exactly one valid JSON
-// value in valid UTF-8, for lone UTF-16 surrogates (which the decoder would
-// turn into U+FFFD, making distinct bodies collide) and for nesting deeper
-// than maxJSONDepth: the caller then uses the raw bytes.
+// canonicalJSON returns the canonical form of a JSON document (RFC 8259):
+// object members sorted by key (bytewise on the decoded key, recursively;
+// members with the same key keep their order), no insignificant
+// whitespace, numbers exactly as written (1.0 and 1 differ, and 2^64+1
+// keeps every digit: nothing goes through float64), strings re-escaped one
+// way (only '"', '\' and control characters are escaped). ok is false for
+// anything that is not exactly one valid JSON value in valid UTF-8, for
+// lone UTF-16 surrogate escapes (decoders turn them into U+FFFD, which would
+// make distinct bodies collide) and for nesting deeper than maxJSONDepth:
+// the caller then hashes the raw bytes.
 func canonicalJSON(b []byte) (out []byte, ok bool) {
 	if !utf8.Valid(b) {
 		return nil, false
 	}
-	dec := json.NewDecoder(bytes.NewReader(b))
-	dec.UseNumber()
-	c := canonicalizer{dec: dec, src: b}
-	v, err := c.value(0)
-	if err != nil {
+	p := jsonParser{s: b}
+	p.space()
+	out, ok = p.value(make([]byte, 0, len(b)), 0)
+	if !ok {
 		return nil, false
 	}
-	if _, err := dec.Token(); err != io.EOF {
+	p.space()
+	if p.i != len(b) {
 		return nil, false // trailing data
 	}
-	out = make([]byte, 0, len(b))
-	return appendCanonical(out, v), true
+	return out, true
 }
 
-type canonicalizer struct {
-	dec *json.Decoder
-	src []byte
+// jsonParser is a validating recursive-descent parser that writes the
+// canonical form as it goes.
+type jsonParser struct {
+	s []byte
+	i int
 }
 
-// jnode is a parsed JSON value: a literal (already canonical bytes), an
-// array or an object.
-type jnode struct {
-	lit     []byte
-	arr     []jnode
-	members []jmember
-	kind    byte // 'l', '[', '{'
-}
-
-type jmember struct {
-	key string
-	val jnode
-}
-
-func (c *canonicalizer) value(depth int) (jnode, error) {
-	if depth > maxJSONDepth {
-		return jnode{}, errNotCanonical
-	}
-	start := c.dec.InputOffset()
-	tok, err := c.dec.Token()
-	if err != nil {
-		return jnode{}, err
-	}
-	switch t := tok.(type) {
-	case json.Delim:
-		switch t {
-		case '[':
-			n := jnode{kind: '['}
-			for c.dec.More() {
-				v, err := c.value(depth + 1)
-				if err != nil {
-					return jnode{}, err
-				}
-				n.arr = append(n.arr, v)
-			}
-			if _, err := c.dec.Token(); err != nil {
-				return jnode{}, err
-			}
-			return n, nil
-		case '{':
-			n := jnode{kind: '{'}
-			for c.dec.More() {
-				kstart := c.dec.InputOffset()
-				kt, err := c.dec.Token()
-				if err != nil {
-					return jnode{}, err
-				}
-				k, ok := kt.(string)
-				if !ok {
-					return jnode{}, errNotCanonical
-				}
-				if err := c.checkSurrogates(k, kstart); err != nil {
-					return jnode{}, err
-				}
-				v, err := c.value(depth + 1)
-				if err != nil {
-					return jnode{}, err
-				}
-				n.members = append(n.members, jmember{key: k, val: v})
-			}
-			if _, err := c.dec.Token(); err != nil {
-				return jnode{}, err
-			}
-			slices.SortStableFunc(n.members, func(a, b jmember) int { return strings.Compare(a.key, b.key) })
-			return n, nil
+func (p *jsonParser) space() {
+	for p.i < len(p.s) {
+		switch p.s[p.i] {
+		case ' ', '\t', '\n', '\r':
+			p.i++
+		default:
+			return
 		}
-		return jnode{}, errNotCanonical
-	case string:
-		if err := c.checkSurrogates(t, start); err != nil {
-			return jnode{}, err
-		}
-		return jnode{kind: 'l', lit: appendString(nil, t)}, nil
-	case json.Number:
-		return jnode{kind: 'l', lit: []byte(t)}, nil
-	case bool:
-		if t {
-			return jnode{kind: 'l', lit: []byte("true")}, nil
-		}
-		return jnode{kind: 'l', lit: []byte("false")}, nil
-	case nil:
-		return jnode{kind: 'l', lit: []byte("null")}, nil
 	}
-	return jnode{}, errNotCanonical
 }
 
-// checkSurrogates rejects a decoded string holding more U+FFFD than its
-// source spells out: the surplus came from invalid escapes (lone
-// surrogates), which would make distinct bodies canonicalize alike.
-func (c *canonicalizer) checkSurrogates(s string, start int64) error {
-	n := strings.Count(s, "\uFFFD")
-	if n == 0 {
-		return nil
+func (p *jsonParser) value(dst []byte, depth int) ([]byte, bool) {
+	if p.i >= len(p.s) || depth > maxJSONDepth {
+		return dst, false
 	}
-	end := c.dec.InputOffset()
-	if start < 0 || end > int64(len(c.src)) || start > end {
-		return errNotCanonical
-	}
-	raw := c.src[start:end]
-	spelled := bytes.Count(raw, []byte("\uFFFD")) + bytes.Count(bytes.ToLower(raw), []byte(`\ufffd`))
-	if n > spelled {
-		return errNotCanonical
-	}
-	return nil
-}
-
-func appendCanonical(dst []byte, n jnode) []byte {
-	switch n.kind {
-	case '[':
+	switch c := p.s[p.i]; {
+	case c == '{':
+		return p.object(dst, depth)
+	case c == '[':
+		p.i++
 		dst = append(dst, '[')
-		for i, v := range n.arr {
-			if i > 0 {
-				dst = append(dst, ',')
-			}
-			dst = appendCanonical(dst, v)
+		p.space()
+		if p.i < len(p.s) && p.s[p.i] == ']' {
+			p.i++
+			return append(dst, ']'), true
 		}
-		return append(dst, ']')
-	case '{':
-		dst = append(dst, '{')
-		for i, m := range n.members {
-			if i > 0 {
-				dst = append(dst, ',')
+		for {
+			var ok bool
+			if dst, ok = p.value(dst, depth+1); !ok {
+				return dst, false
 			}
-			dst = appendString(dst, m.key)
-			dst = append(dst, ':')
-			dst = appendCanonical(dst, m.val)
+			p.space()
+			if p.i >= len(p.s) {
+				return dst, false
+			}
+			switch p.s[p.i] {
+			case ',':
+				p.i++
+				p.space()
+				dst = append(dst, ',')
+			case ']':
+				p.i++
+				return append(dst, ']'), true
+			default:
+				return dst, false
+			}
 		}
-		return append(dst, '}')
+	case c == '"':
+		str, ok := p.str()
+		if !ok {
+			return dst, false
+		}
+		return appendString(dst, str), true
+	case c == '-' || '0' <= c && c <= '9':
+		return p.number(dst)
+	case c == 't':
+		return p.literal(dst, "true")
+	case c == 'f':
+		return p.literal(dst, "false")
+	case c == 'n':
+		return p.literal(dst, "null")
 	}
-	return append(dst, n.lit...)
+	return dst, false
+}
+
+type member struct {
+	key        string
+	start, end int // the canonical value in the scratch buffer
+}
+
+func (p *jsonParser) object(dst []byte, depth int) ([]byte, bool) {
+	p.i++ // '{'
+	p.space()
+	if p.i < len(p.s) && p.s[p.i] == '}' {
+		p.i++
+		return append(dst, '{', '}'), true
+	}
+	var members []member
+	var scratch []byte
+	for {
+		if p.i >= len(p.s) || p.s[p.i] != '"' {
+			return dst, false
+		}
+		key, ok := p.str()
+		if !ok {
+			return dst, false
+		}
+		p.space()
+		if p.i >= len(p.s) || p.s[p.i] != ':' {
+			return dst, false
+		}
+		p.i++
+		p.space()
+		start := len(scratch)
+		if scratch, ok = p.value(scratch, depth+1); !ok {
+			return dst, false
+		}
+		members = append(members, member{key: key, start: start, end: len(scratch)})
+		p.space()
+		if p.i >= len(p.s) {
+			return dst, false
+		}
+		if p.s[p.i] == '}' {
+			p.i++
+			break
+		}
+		if p.s[p.i] != ',' {
+			return dst, false
+		}
+		p.i++
+		p.space()
+	}
+	slices.SortStableFunc(members, func(a, b member) int { return strings.Compare(a.key, b.key) })
+	dst = append(dst, '{')
+	for i, m := range members {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = appendString(dst, m.key)
+		dst = append(dst, ':')
+		dst = append(dst, scratch[m.start:m.end]...)
+	}
+	return append(dst, '}'), true
+}
+
+func (p *jsonParser) literal(dst []byte, lit string) ([]byte, bool) {
+	if !bytes.HasPrefix(p.s[p.i:], []byte(lit)) {
+		return dst, false
+	}
+	p.i += len(lit)
+	return append(dst, lit...), true
+}
+
+// number copies a number literal after checking its grammar:
+// -? (0 | [1-9][0-9]*) (. [0-9]+)? ([eE] [+-]? [0-9]+)?
+func (p *jsonParser) number(dst []byte) ([]byte, bool) {
+	start := p.i
+	digits := func() int {
+		n := 0
+		for p.i < len(p.s) && '0' <= p.s[p.i] && p.s[p.i] <= '9' {
+			p.i++
+			n++
+		}
+		return n
+	}
+	if p.s[p.i] == '-' {
+		p.i++
+	}
+	if p.i < len(p.s) && p.s[p.i] == '0' {
+		p.i++
+	} else if digits() == 0 {
+		return dst, false
+	}
+	if p.i < len(p.s) && p.s[p.i] == '.' {
+		p.i++
+		if digits() == 0 {
+			return dst, false
+		}
+	}
+	if p.i < len(p.s) && (p.s[p.i] == 'e' || p.s[p.i] == 'E') {
+		p.i++
+		if p.i < len(p.s) && (p.s[p.i] == '+' || p.s[p.i] == '-') {
+			p.i++
+		}
+		if digits() == 0 {
+			return dst, false
+		}
+	}
+	return append(dst, p.s[start:p.i]...), true
+}
+
+// str decodes a string token at p.i (which is '"').
+func (p *jsonParser) str() (string, bool) {
+	p.i++
+	start := p.i
+	// Fast path: no escapes.
+	for p.i < len(p.s) {
+		c := p.s[p.i]
+		if c == '"' {
+			s := string(p.s[start:p.i])
+			p.i++
+			return s, true
+		}
+		if c == '\\' {
+			break
+		}
+		if c < 0x20 {
+			return "", false
+		}
+		p.i++
+	}
+	buf := append([]byte(nil), p.s[start:p.i]...)
+	for p.i < len(p.s) {
+		c := p.s[p.i]
+		switch {
+		case c == '"':
+			p.i++
+			return string(buf), true
+		case c < 0x20:
+			return "", false
+		case c != '\\':
+			buf = append(buf, c)
+			p.i++
+			continue
+		}
+		if p.i+1 >= len(p.s) {
+			return "", false
+		}
+		e := p.s[p.i+1]
+		p.i += 2
+		switch e {
+		case '"', '\\', '/':
+			buf = append(buf, e)
+		case 'b':
+			buf = append(buf, '\b')
+		case 'f':
+			buf = append(buf, '\f')
+		case 'n':
+			buf = append(buf, '\n')
+		case 'r':
+			buf = append(buf, '\r')
+		case 't':
+			buf = append(buf, '\t')
+		case 'u':
+			r, ok := p.hex4()
+			if !ok {
+				return "", false
+			}
+			if utf16.IsSurrogate(r) {
+				// Only a high surrogate followed by an escaped low one.
+				if r >= 0xDC00 || p.i+1 >= len(p.s) || p.s[p.i] != '\\' || p.s[p.i+1] != 'u' {
+					return "", false
+				}
+				p.i += 2
+				r2, ok := p.hex4()
+				if !ok || r2 < 0xDC00 || r2 > 0xDFFF {
+					return "", false
+				}
+				r = utf16.DecodeRune(r, r2)
+			}
+			buf = utf8.AppendRune(buf, r)
+		default:
+			return "", false
+		}
+	}
+	return "", false
+}
+
+func (p *jsonParser) hex4() (rune, bool) {
+	if p.i+4 > len(p.s) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range p.s[p.i : p.i+4] {
+		switch {
+		case '0' <= c && c <= '9':
+			r = r<<4 | rune(c-'0')
+		case 'a' <= c && c <= 'f':
+			r = r<<4 | rune(c-'a'+10)
+		case 'A' <= c && c <= 'F':
+			r = r<<4 | rune(c-'A'+10)
+		default:
+			return 0, false
+		}
+	}
+	p.i += 4
+	return r, true
 }
 
 const hexDigits = "0123456789abcdef"

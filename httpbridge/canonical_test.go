@@ -7,6 +7,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
 
 	"github.com/stretchr/testify/require"
 )
@@ -36,7 +37,8 @@ func TestCanonicalJSON(t *testing.T) {
 	}
 	for _, in := range []string{
 		``, `{`, `{"a":1}{"b":2}`, `{"a":1} x`, `[1,]`, `{"a" 1}`, "\"\xff\"",
-		`"\ud800"`, `{"\udc00":1}`, // lone surrogates would collide with U+FFFD
+		`"\ud800"`, `{"\udc00":1}`, `"\ud800\u0041"`, `"\udc00\ud800"`, // lone surrogates would collide with U+FFFD
+		`01`, `1.`, `.5`, `-`, `1e`, `+1`, `tru`, `nul`, `"\x"`, `"\u12"`, "\"a\tb\"", `{"a":1,}`, `{1:2}`,
 		strings.Repeat("[", maxJSONDepth+2) + strings.Repeat("]", maxJSONDepth+2),
 	} {
 		_, ok := canonicalJSON([]byte(in))
@@ -91,7 +93,9 @@ func TestFingerprint(t *testing.T) {
 		fp("POST", "/o", "application/json", `{"a":2,"b":1}x`))
 }
 
-// FuzzCanonicalJSON: canonicalJSON never panics; its output is valid JSON,
+// FuzzCanonicalJSON: canonicalJSON never panics; it accepts exactly the
+// valid JSON that encoding/json accepts (but for lone surrogate escapes and
+// invalid UTF-8, which it refuses on purpose); its output is valid JSON,
 // canonical already (idempotent), and means the same as the input.
 func FuzzCanonicalJSON(f *testing.F) {
 	for _, s := range []string{
@@ -103,7 +107,15 @@ func FuzzCanonicalJSON(f *testing.F) {
 	}
 	f.Fuzz(func(t *testing.T, in []byte) {
 		out, ok := canonicalJSON(in)
+		valid := json.Valid(in)
+		if ok && !valid {
+			t.Fatalf("accepted invalid JSON %q", in)
+		}
 		if !ok {
+			refusable := !utf8.Valid(in) || bytes.Contains(bytes.ToLower(in), []byte(`\ud`)) || len(in) > maxJSONDepth
+			if valid && !refusable {
+				t.Fatalf("refused valid JSON %q", in)
+			}
 			return
 		}
 		if !json.Valid(out) {

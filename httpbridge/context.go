@@ -11,6 +11,7 @@ type ctxKey int
 const (
 	txKey ctxKey = iota
 	tokenKey
+	keyKey
 )
 
 // Tx returns the transaction a transactional route runs its handler in:
@@ -34,4 +35,15 @@ func Tx(ctx context.Context) pgx.Tx {
 func FencingToken(ctx context.Context) (int64, bool) {
 	t, ok := ctx.Value(tokenKey).(int64)
 	return t, ok
+}
+
+// Key returns the request's Idempotency-Key as parsed (sf-string quotes
+// and escapes removed; lower-cased on UUID-only routes), and false for a
+// request without one. Pass it on to downstream calls that take an
+// idempotency key of their own (a payment provider, another API); reading
+// the raw header instead would keep the quotes of the structured-field
+// form.
+func Key(ctx context.Context) (string, bool) {
+	k, ok := ctx.Value(keyKey).(string)
+	return k, ok
 }

@@ -110,7 +110,8 @@
 // RouteConfig.Lease runs the handler outside any transaction, for effects
 // outside the database (a payment provider): the key is claimed with a
 // lease, renewed while the handler runs, and completed afterwards; the
-// handler gets FencingToken instead of Tx. A crash mid-handler lets the
+// handler gets FencingToken instead of Tx, and passes Key (or the token)
+// to the downstream call so that it can dedupe too. A crash mid-handler lets the
 // lease expire and a retry runs the handler again: those effects are
 // at-least-once, made safe by the fencing token and an idempotent
 // downstream. Replays of lease-mode routes are served by Postgres.

@@ -62,9 +62,6 @@ func (w *recorder) WriteString(s string) (int, error) {
 	return w.Write([]byte(s))
 }
 
-// overflow reports whether the response went past the limit.
-func (w *recorder) overflow() bool { return w.dropped > 0 }
-
 // size is the full body size the handler wrote.
 func (w *recorder) size() int64 { return int64(w.body.Len()) + w.dropped }
 

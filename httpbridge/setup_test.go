@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -229,4 +230,14 @@ func await[T any](t testing.TB, ch <-chan T, what string, errc ...<-chan respons
 	case <-time.After(10 * time.Second):
 		t.Fatalf("%s: not within 10s", what)
 	}
+}
+
+// closer returns a func that closes ch once; it also runs when the test
+// ends, before the pool is closed, so that a failed test never leaves a
+// handler blocked (pool.Close would wait for its connection forever).
+func closer(t testing.TB, ch chan struct{}) func() {
+	var once sync.Once
+	f := func() { once.Do(func() { close(ch) }) }
+	t.Cleanup(f)
+	return f
 }

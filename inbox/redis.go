@@ -187,14 +187,32 @@ func (f *redisFront) do(ctx context.Context, l *Ledger, req Request, pg func() (
 	}
 
 	stop := f.keepLock(ctx, req.Key, token)
-	out, err := pg()
+	finished := false
+	var out Outcome
+	var err error
+	defer func() {
+		// Also when the handler panics: stop extending the lock and release
+		// it, or every retry would be turned away as in flight.
+		stop()
+		if !finished {
+			f.finish(ctx, req.Key, token, "", 0)
+		}
+	}()
+	out, err = pg()
 	stop()
 	var value string
 	var ttl time.Duration
 	if err == nil && out.Record != nil && (out.Disposition == Executed || out.Disposition == Duplicate) {
 		value, ttl = f.encode(out)
 	}
-	res, lock := f.keys(req.Key)
+	finished = true
+	f.finish(ctx, req.Key, token, value, ttl)
+	return out, err
+}
+
+// finish stores value (when given) and releases our lock.
+func (f *redisFront) finish(ctx context.Context, k Key, token, value string, ttl time.Duration) {
+	res, lock := f.keys(k)
 	// Try twice: right after a Redis restart the first call may fail on a
 	// stale pooled connection, and a lock left behind would turn duplicates
 	// away as in flight until it lapses.
@@ -208,7 +226,6 @@ func (f *redisFront) do(ctx context.Context, l *Ledger, req Request, pg func() (
 		}
 		f.failed("finish", ferr)
 	}
-	return out, err
 }
 
 // keepLock extends the lock every third of its TTL until stop is called.

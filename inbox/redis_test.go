@@ -298,3 +298,17 @@ func (h *countingHandler) Handle(_ context.Context, r slog.Record) error {
 	}
 	return nil
 }
+
+func TestRedisLockReleasedWhenHandlerPanics(t *testing.T) {
+	t.Parallel()
+	b := redisLedger(t, inbox.RedisConfig{})
+	ctx := context.Background()
+	r := req("orders", "panics")
+	func() {
+		defer func() { require.Equal(t, "boom", recover()) }()
+		_, _ = b.ledger.Do(ctx, r, func(context.Context, pgx.Tx) (inbox.Result, error) { panic("boom") })
+	}()
+	out, err := b.ledger.Do(ctx, r, pay("p", nil))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition, "the retry runs: the lock was released")
+}

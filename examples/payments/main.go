@@ -135,7 +135,8 @@ func run(ctx context.Context) error {
 	route := bridge.Route(httpbridge.RouteConfig{Scope: scope, Required: true})
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		id, err := pay(r.Context(), httpbridge.Tx(r.Context()), r.Header.Get("Idempotency-Key"), "http")
+		key, _ := httpbridge.Key(r.Context())
+		id, err := pay(r.Context(), httpbridge.Tx(r.Context()), key, "http")
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return

@@ -622,7 +622,7 @@ func httpServer(ctx context.Context, pgURL, redisAddr string) (*closer, error) {
 	route := bridge.Route(httpbridge.RouteConfig{Scope: scope, Required: true})
 	mux := http.NewServeMux()
 	mux.Handle("POST /pay", route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		key := r.Header.Get("Idempotency-Key")
+		key, _ := httpbridge.Key(r.Context())
 		if _, err := httpbridge.Tx(r.Context()).Exec(r.Context(), `INSERT INTO effects (event_id, transport) VALUES ($1, 'http')`, key); err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
