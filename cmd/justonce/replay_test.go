@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/kafkaadmin"
 	"github.com/justonce/justonce/internal/testsvc"
 	kafkainbox "github.com/justonce/justonce/transports/kafka"
 )
@@ -55,15 +56,7 @@ func TestBinaryReplayDryRun(t *testing.T) {
 	t.Run("Kafka", func(t *testing.T) {
 		brokers := testsvc.KafkaBrokers(t)
 		topic := testsvc.Unique("replay-cli")
-		conn, err := kafka.Dial("tcp", brokers[0])
-		require.NoError(t, err)
-		ctrl, err := conn.Controller()
-		require.NoError(t, err)
-		_ = conn.Close()
-		cc, err := kafka.Dial("tcp", fmt.Sprintf("%s:%d", ctrl.Host, ctrl.Port))
-		require.NoError(t, err)
-		require.NoError(t, cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: 2, ReplicationFactor: 1}))
-		_ = cc.Close()
+		require.NoError(t, kafkaadmin.CreateTopic(brokers[0], topic, 2))
 		w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, BatchTimeout: 5 * time.Millisecond}
 		defer w.Close()
 		var msgs []kafka.Message

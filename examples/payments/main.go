@@ -34,6 +34,7 @@ import (
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/httpbridge"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/kafkaadmin"
 	"github.com/justonce/justonce/internal/svcenv"
 	"github.com/justonce/justonce/migrations"
 	kafkainbox "github.com/justonce/justonce/transports/kafka"
@@ -156,7 +157,7 @@ func run(ctx context.Context) error {
 	// Kafka: a topic of the demo's own, a consumer group in the shared scope.
 	brokers := []string{env("JUSTONCE_TEST_KAFKA_BROKERS", "127.0.0.1:59092")}
 	topic := "payments-" + randHex(4)
-	if err := createTopic(brokers[0], topic); err != nil {
+	if err := kafkaadmin.CreateTopic(brokers[0], topic, 1); err != nil {
 		return fmt.Errorf("kafka (is it up? `make services-up`): %w", err)
 	}
 	kc, err := kafkainbox.New(kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: "payments-demo-" + randHex(3),
@@ -273,22 +274,4 @@ func run(ctx context.Context) error {
 		return fmt.Errorf("expected exactly one payment, got %d", n)
 	}
 	return nil
-}
-
-func createTopic(broker, topic string) error {
-	conn, err := kafka.Dial("tcp", broker)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ctrl, err := conn.Controller()
-	if err != nil {
-		return err
-	}
-	cc, err := kafka.Dial("tcp", fmt.Sprintf("%s:%d", ctrl.Host, ctrl.Port))
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	return cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: 1, ReplicationFactor: 1})
 }

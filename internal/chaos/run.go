@@ -28,6 +28,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/justonce/justonce/httpbridge"
+	"github.com/justonce/justonce/internal/kafkaadmin"
 	"github.com/justonce/justonce/internal/svcenv"
 	"github.com/justonce/justonce/migrations"
 	kafkainbox "github.com/justonce/justonce/transports/kafka"
@@ -299,7 +300,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 			return sum, errors.New("no Kafka: run `make services-up` or set JUSTONCE_TEST_KAFKA_BROKERS")
 		}
 		topic := "chaos-" + randHex(4)
-		if err := createTopic(brokers[0], topic, 4); err != nil {
+		if err := kafkaadmin.CreateTopic(brokers[0], topic, 4); err != nil {
 			return sum, fmt.Errorf("kafka topic: %w", err)
 		}
 		ids, dups := plan("k-", o.events, o.dupPct)
@@ -581,24 +582,6 @@ func sleep(ctx context.Context, d time.Duration) error {
 	case <-t.C:
 		return nil
 	}
-}
-
-func createTopic(broker, topic string, partitions int) error {
-	conn, err := kafka.Dial("tcp", broker)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	ctrl, err := conn.Controller()
-	if err != nil {
-		return err
-	}
-	cc, err := kafka.Dial("tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
-	if err != nil {
-		return err
-	}
-	defer cc.Close()
-	return cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: partitions, ReplicationFactor: 1})
 }
 
 // httpServer serves POST /pay through the bridge, on its own pool (whose
