@@ -1,0 +1,67 @@
+package consumer_test
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/require"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/testsvc"
+)
+
+// BenchmarkMemoryPerInFlight: heap held per message while its handler runs
+// inside the ledger's transaction (1 KiB payload, 3 headers), measured with
+// inFlight messages blocked in their handlers at once, against the heap
+// before they started.
+func BenchmarkMemoryPerInFlight(b *testing.B) {
+	const inFlight = 40
+	pg := testsvc.Postgres(b, testsvc.MaxConns(inFlight))
+	l, err := inbox.New(pg.Pool, inbox.Config{})
+	require.NoError(b, err)
+	ctx := context.Background()
+	payload := make([]byte, 1024)
+	for round := 0; round < max(b.N, 1); round++ {
+		release := make(chan struct{})
+		var entered sync.WaitGroup
+		entered.Add(inFlight)
+		p, err := consumer.New(consumer.Config{Ledger: l, Scope: "mem"}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			entered.Done()
+			<-release
+			return nil
+		})
+		require.NoError(b, err)
+		// Warm the pool so connections are not counted.
+		var warm []*pgxpool.Conn
+		for i := 0; i < inFlight; i++ {
+			c, err := pg.Pool.Acquire(ctx)
+			require.NoError(b, err)
+			warm = append(warm, c)
+		}
+		for _, c := range warm {
+			c.Release()
+		}
+		runtime.GC()
+		var before, during runtime.MemStats
+		runtime.ReadMemStats(&before)
+		var done sync.WaitGroup
+		for i := 0; i < inFlight; i++ {
+			done.Add(1)
+			m := &consumer.Message{Topic: "t", Value: append([]byte(nil), payload...), Headers: []consumer.Header{
+				{Key: "ce_id", Value: []byte(fmt.Sprintf("r%d-%d", round, i))}, {Key: "ce_type", Value: []byte("order.paid")}, {Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}}}
+			go func() { defer done.Done(); p.Process(ctx, m) }()
+		}
+		entered.Wait()
+		runtime.GC()
+		runtime.ReadMemStats(&during)
+		close(release)
+		done.Wait()
+		b.ReportMetric(float64(int64(during.HeapAlloc)-int64(before.HeapAlloc))/inFlight, "heap-B/in-flight")
+	}
+}
