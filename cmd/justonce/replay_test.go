@@ -57,7 +57,7 @@ func TestBinaryReplayDryRun(t *testing.T) {
 		brokers := testsvc.KafkaBrokers(t)
 		topic := testsvc.Unique("replay-cli")
 		require.NoError(t, kafkaadmin.CreateTopic(brokers[0], topic, 2))
-		w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, BatchTimeout: 5 * time.Millisecond}
+		w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, BatchTimeout: 5 * time.Millisecond, RequiredAcks: kafka.RequireAll}
 		defer w.Close()
 		var msgs []kafka.Message
 		for i := 0; i < 10; i++ {

@@ -208,7 +208,7 @@ func run(ctx context.Context) error {
 
 	fmt.Printf("one payment command, key %s, sent 3× over Kafka, 3× over NATS, 4× over HTTP (2 at once)\n\n", inbox.Mask(key))
 	// 1. Kafka, three times (a producer retrying).
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, BatchTimeout: 5 * time.Millisecond}
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, BatchTimeout: 5 * time.Millisecond, RequiredAcks: kafka.RequireAll}
 	defer w.Close()
 	for i := 0; i < 3; i++ {
 		if err := w.WriteMessages(ctx, kafkainbox.NewMessage(key, []byte("order-42"), []byte(`{"order":"order-42","cents":1999}`))); err != nil {
