@@ -1,6 +1,7 @@
 package inbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -24,16 +25,29 @@ var (
 	// completed already; the fencing token no longer matches.
 	ErrLeaseLost = errors.New("justonce/inbox: lease lost")
 
-	// ErrStore: the database failed or could not be reached. The error is a
-	// *StoreError that unwraps to the driver's error (errors.As a
-	// *pgconn.PgError works). Nothing was recorded unless the error is
-	// ErrCommitUnknown; either way retrying the same key is safe.
+	// ErrStore: a ledger statement failed: the database was unreachable, or
+	// it refused the statement. The error is a *StoreError that unwraps to
+	// the driver's error (errors.As a *pgconn.PgError works) and names the
+	// step that failed. Nothing was recorded unless the error is also
+	// ErrCommitUnknown; either way retrying the same key is safe. Whether a
+	// retry can help is IsTransient's question, not ErrStore's: a deferred
+	// constraint that fails at COMMIT is an ErrStore and not transient.
 	ErrStore = errors.New("justonce/inbox: store error")
 
 	// ErrCommitUnknown: the connection failed while the commit was in flight;
 	// the commit may or may not have happened. Retrying with the same key is
 	// safe: the ledger answers Duplicate if it did.
 	ErrCommitUnknown = errors.New("justonce/inbox: commit outcome unknown")
+
+	// ErrRolledBack: the handler returned success, but its transaction had
+	// already failed (a statement error it ignored, such as a swallowed
+	// unique violation, leaves a Postgres transaction aborted), so COMMIT
+	// was answered by ROLLBACK. Nothing was recorded and the handler's
+	// writes did not happen. It is the handler's failure, not the
+	// database's: consumers count it as an attempt, the HTTP bridge answers
+	// it as the handler's error. Handle a SQL error inside a savepoint
+	// (tx.Begin) to go on after it.
+	ErrRolledBack = errors.New("justonce/inbox: transaction rolled back at commit")
 
 	// ErrTxOwned: a handler tried to commit or roll back the transaction the
 	// ledger gave it. The ledger owns that transaction; return an error to
@@ -57,14 +71,17 @@ func (e *KeyError) Error() string {
 // Is reports whether target is ErrInvalidKey.
 func (e *KeyError) Is(target error) bool { return target == ErrInvalidKey }
 
-// StoreError wraps a database failure with the ledger operation that hit it.
+// StoreError wraps a database failure with the ledger step that hit it.
 type StoreError struct {
-	Op  string // "claim", "commit", "lookup", ...
+	// Op is the step: "acquire", "claim", "lookup", "handler" (the
+	// connection died while the handler ran), "commit", "complete",
+	// "release", ...
+	Op  string
 	Err error
 }
 
 func (e *StoreError) Error() string {
-	return fmt.Sprintf("justonce/inbox: %s: %v", e.Op, e.Err)
+	return "justonce/inbox: " + e.Op + ": " + trimPrefix(e.Err)
 }
 
 // Unwrap returns the driver error.
@@ -80,32 +97,100 @@ func storeErr(op string, err error) error {
 	return &StoreError{Op: op, Err: err}
 }
 
+// trimPrefix renders err without a leading "justonce/inbox: ", so that
+// wrapped ledger errors do not repeat it.
+func trimPrefix(err error) string {
+	return strings.TrimPrefix(err.Error(), "justonce/inbox: ")
+}
+
+// commitUnknownError is the cause of a StoreError whose commit was in
+// flight when the connection failed.
+type commitUnknownError struct{ err error }
+
+func (e *commitUnknownError) Error() string { return "outcome unknown: " + e.err.Error() }
+func (e *commitUnknownError) Unwrap() error { return e.err }
+func (e *commitUnknownError) Is(target error) bool {
+	return target == ErrCommitUnknown
+}
+
+// RolledBackError is ErrRolledBack with the step that found the
+// transaction aborted.
+type RolledBackError struct {
+	// Op is "commit" (COMMIT answered ROLLBACK) or "handler" (the handler
+	// returned nil on an aborted transaction, found before COMMIT was sent).
+	Op string
+}
+
+func (e *RolledBackError) Error() string {
+	if e.Op == "commit" {
+		return "justonce/inbox: COMMIT was answered by ROLLBACK: a statement in the transaction had failed and the handler returned success anyway; nothing was recorded"
+	}
+	return "justonce/inbox: the handler returned success on an aborted transaction (a statement in it failed); rolled back, nothing recorded"
+}
+
+// Is reports whether target is ErrRolledBack.
+func (e *RolledBackError) Is(target error) bool { return target == ErrRolledBack }
+
 // IsTransient reports whether err means the database was unavailable or
 // the transaction lost a race it may win next time, rather than a fault of
-// the event or request: any ErrStore, a lost or refused connection, a
-// server shutting down (SQLSTATE class 08, 57P01-57P03), a serialization
-// failure (40001) or a deadlock (40P01), also when the handler's own query
-// hit it. Consumers retry such errors without counting the attempt; the
-// HTTP bridge answers 503.
+// the event, the request or the handler. It looks at the cause, not at
+// which step failed:
+//
+//   - transient: ErrCommitUnknown; SQLSTATE class 08 (connection), 53300
+//     (too many connections), 57P01-57P05 (server shutting down or gone),
+//     40001 (serialization failure), 40P01 (deadlock), also when the
+//     handler's own query hit them; a ledger step (a *StoreError) that
+//     failed because the connection was refused, lost or closed.
+//   - not transient: ErrRolledBack, data and constraint errors (classes 22
+//     and 23, also when a deferred constraint fails at COMMIT), 25P02 and
+//     every other SQLSTATE, context errors, and any error of the handler's
+//     own that is not a Postgres one (a handler's failed HTTP call is the
+//     handler's failure).
+//
+// Consumers retry transient errors without counting the attempt, within
+// bounds; the HTTP bridge answers 503. Everything else is the handler's
+// failure: counted, and dead-lettered after the last attempt.
 func IsTransient(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, ErrStore) || errors.Is(err, ErrCommitUnknown) {
+	if errors.Is(err, ErrCommitUnknown) {
 		return true
+	}
+	if errors.Is(err, ErrRolledBack) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) {
-		c := pgErr.Code
-		return strings.HasPrefix(c, "08") || c == "57P01" || c == "57P02" || c == "57P03" || c == "40001" || c == "40P01"
+		return transientCode(pgErr.Code)
 	}
+	var se *StoreError
+	if !errors.As(err, &se) {
+		return false
+	}
+	return connectionLost(se.Err)
+}
+
+func transientCode(c string) bool {
+	switch c {
+	case "53300", "57P01", "57P02", "57P03", "57P04", "57P05", "40001", "40P01":
+		return true
+	}
+	return strings.HasPrefix(c, "08")
+}
+
+// connectionLost reports whether err is a connection that could not be
+// made, was lost, or was closed (not a statement the server refused).
+func connectionLost(err error) bool {
 	var netErr net.Error
-	if errors.As(err, &netErr) || pgconn.Timeout(err) || errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
-		return true
-	}
 	var connErr *pgconn.ConnectError
-	if errors.As(err, &connErr) {
+	switch {
+	case errors.As(err, &connErr), errors.As(err, &netErr),
+		errors.Is(err, io.ErrUnexpectedEOF), errors.Is(err, io.EOF), errors.Is(err, net.ErrClosed):
 		return true
 	}
-	return strings.Contains(err.Error(), "conn closed") || strings.Contains(err.Error(), "unexpected EOF")
+	msg := err.Error()
+	return strings.Contains(msg, "conn closed") || strings.Contains(msg, "unexpected EOF") ||
+		strings.Contains(msg, "connection reset") || strings.Contains(msg, "broken pipe") ||
+		strings.Contains(msg, "closed pool") || strings.Contains(msg, "failed to connect")
 }

@@ -201,8 +201,9 @@ func (l *Ledger) withWait(ctx context.Context, req Request, op func() (Outcome, 
 		select {
 		case <-ctx.Done():
 			t.Stop()
-			l.observe(req, out, nil)
-			return out, nil
+			err := fmt.Errorf("justonce/inbox: gave up waiting for a key in flight: %w", ctx.Err())
+			l.observe(req, Outcome{}, err)
+			return Outcome{}, err
 		case <-t.C:
 		}
 		if backoff < 100*time.Millisecond {
@@ -285,7 +286,11 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 }
 
 // runHandler runs fn in the owned transaction; on error or panic it rolls
-// back (and re-panics).
+// back (and re-panics). A handler that returns nil on an aborted
+// transaction (it ignored a failed statement) fails with a RolledBackError:
+// COMMIT could only roll back. A handler error while the connection died is
+// wrapped as a StoreError (Op "handler"), so that it reads as the
+// unavailability it is.
 func runHandler(ctx context.Context, conn *pgx.Conn, fn TxFunc) (res Result, err error) {
 	ok := false
 	defer func() {
@@ -294,28 +299,72 @@ func runHandler(ctx context.Context, conn *pgx.Conn, fn TxFunc) (res Result, err
 		}
 	}()
 	res, err = fn(ctx, &ownedTx{conn: conn})
-	ok = err == nil
-	return res, err
+	return res, handlerErr(conn.PgConn(), err, &ok)
 }
 
+// handlerErr checks what a handler left behind: ok is set when the
+// transaction may commit.
+func handlerErr(pc *pgconn.PgConn, err error, ok *bool) error {
+	switch {
+	case err == nil && pc.TxStatus() == 'E':
+		return &RolledBackError{Op: "handler"}
+	case err == nil:
+		*ok = true
+		return nil
+	case pc.IsClosed() && !errors.As(err, new(*StoreError)):
+		return &StoreError{Op: "handler", Err: err}
+	}
+	return err
+}
+
+// commitTimeout bounds the commit of a handler that has finished. The
+// commit does not follow the caller's cancellation: work that is done is
+// recorded rather than thrown away, and the caller still learns the
+// outcome.
+const commitTimeout = 30 * time.Second
+
 // commit sends the queued completion statements and COMMIT in one round
-// trip.
+// trip, and checks COMMIT's answer: a transaction that rolled back is
+// never reported as committed.
 func (l *Ledger) commit(ctx context.Context, conn *pgx.Conn, queue func(*pgx.Batch)) error {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), commitTimeout)
+	defer cancel()
 	b := &pgx.Batch{}
 	queue(b)
+	n := b.Len()
 	b.Queue("COMMIT")
-	err := conn.SendBatch(ctx, b).Close()
+	br := conn.SendBatch(ctx, b)
+	var err error
+	for i := 0; i < n && err == nil; i++ {
+		_, err = br.Exec()
+	}
+	var tag pgconn.CommandTag
 	if err == nil {
+		tag, err = br.Exec()
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	if err == nil {
+		if tag.String() != "COMMIT" {
+			return &RolledBackError{Op: "commit"}
+		}
 		return nil
 	}
-	if conn.PgConn().TxStatus() != 'I' {
+	return commitErr(conn, err)
+}
+
+// commitErr classifies a failed commit: refused by the server (a deferred
+// constraint, say), never sent, or in flight when the connection failed.
+func commitErr(conn *pgx.Conn, err error) error {
+	if !conn.IsClosed() && conn.PgConn().TxStatus() != 'I' {
 		rollback(conn)
 	}
 	var pgErr *pgconn.PgError
 	if errors.As(err, &pgErr) || pgconn.SafeToRetry(err) {
 		return storeErr("commit", err)
 	}
-	return &StoreError{Op: "commit", Err: fmt.Errorf("%w: %w", ErrCommitUnknown, err)}
+	return &StoreError{Op: "commit", Err: &commitUnknownError{err}}
 }
 
 // rollback ends the connection's transaction; when that fails the
@@ -373,14 +422,26 @@ func claimArgs(reqs []Request, ttl func(Request) time.Duration, lease time.Durat
 // the key in tx, runs fn with tx, and records the result in tx. It neither
 // commits nor rolls back: the caller does. If DoTx returns an error, roll tx
 // back (the claim is part of it). A Duplicate, InFlight or Mismatch leaves
-// tx usable and unchanged.
+// tx usable and unchanged, and holds no lock on the key.
+//
+// The ledger cannot see the caller's COMMIT: an Executed answer means the
+// claim, fn's writes and the result are in tx, and they happen exactly when
+// tx commits. Use pgx's Commit, which reports a transaction that rolled
+// back; fn returning nil on an aborted transaction is ErrRolledBack here
+// already.
 func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, req Request, fn TxFunc) (Outcome, error) {
 	if err := l.Validate(req); err != nil {
 		return Outcome{}, err
 	}
-	cr, err := l.store.claimOne(ctx, tx, req, l.ttl(req), 0, "")
+	// The claim runs in a savepoint: when the key is not new, rolling the
+	// savepoint back releases the key's advisory lock at once, so the
+	// caller's transaction does not hold other callers of that key off
+	// until it ends.
+	cr, err := l.store.claimInSavepoint(ctx, tx, req, l.ttl(req))
 	if err != nil {
-		return Outcome{}, storeErr("claim", err)
+		err = storeErr("claim", err)
+		l.observe(req, Outcome{}, err)
+		return Outcome{}, err
 	}
 	if !cr.claimed {
 		out := classify(req, cr)
@@ -389,12 +450,15 @@ func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, req Request, fn TxFunc) (O
 	}
 	start := time.Now()
 	res, err := fn(ctx, tx)
-	if err != nil {
+	ok := false
+	if err = handlerErr(tx.Conn().PgConn(), err, &ok); err != nil {
 		l.observe(req, Outcome{}, err)
 		return Outcome{}, err
 	}
 	if err := l.store.complete(ctx, tx, req.Key, res, time.Since(start)); err != nil {
-		return Outcome{}, storeErr("complete", err)
+		err = storeErr("complete", err)
+		l.observe(req, Outcome{}, err)
+		return Outcome{}, err
 	}
 	out := Outcome{Disposition: Executed, Result: res}
 	l.observe(req, out, nil)
@@ -538,49 +602,6 @@ func (l *Ledger) Lookup(ctx context.Context, k Key) (*Record, error) {
 		return nil, ErrNotFound
 	}
 	return rec, nil
-}
-
-// Release deletes k's row whatever its state, so the key is new again: the
-// operator's tool for a stuck key. It also drops the key from the Redis
-// replay cache. It reports whether a row was there. When the cache could not
-// be invalidated the row is still released and the error says so.
-func (l *Ledger) Release(ctx context.Context, k Key) (bool, error) {
-	if err := k.Validate(l.cfg.MaxKeyLen); err != nil {
-		return false, err
-	}
-	ok, err := l.store.release(ctx, l.pool, k)
-	if err != nil {
-		return false, storeErr("release", err)
-	}
-	if l.fast != nil {
-		if err := l.fast.invalidate(ctx, k); err != nil {
-			return ok, err
-		}
-	}
-	return ok, nil
-}
-
-// RecordFailure marks req's key failed (a consumer gave up on it and
-// dead-lettered it), with the error text and the number of attempts. A key
-// already done is left as it is, and RecordFailure reports false. Later
-// deliveries of a failed key answer Duplicate with the Record's Status
-// failed, until it is released or expires.
-func (l *Ledger) RecordFailure(ctx context.Context, req Request, attempts int, cause error) (bool, error) {
-	if err := l.Validate(req); err != nil {
-		return false, err
-	}
-	msg := ""
-	if cause != nil {
-		msg = cause.Error()
-	}
-	ok, err := l.store.fail(ctx, l.pool, req, attempts, msg, l.ttl(req))
-	if err != nil {
-		return false, storeErr("record failure", err)
-	}
-	if l.fast != nil {
-		_ = l.fast.invalidate(ctx, req.Key)
-	}
-	return ok, nil
 }
 
 // Stats returns live rows by scope and status, with the oldest lease of the

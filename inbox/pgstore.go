@@ -459,3 +459,52 @@ func (s *pgStore) known(ctx context.Context, q querier, keys []Key) ([]Status, e
 	}
 	return out, rows.Err()
 }
+
+// claimInSavepoint claims one key inside a savepoint of the caller's
+// transaction, in one round trip. When the key is not claimed the
+// savepoint is rolled back, which also releases the key's advisory lock,
+// and the row is looked up.
+func (s *pgStore) claimInSavepoint(ctx context.Context, tx pgx.Tx, req Request, ttl time.Duration) (claimRow, error) {
+	var c claimedScan
+	claimed := false
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT justonce_claim")
+	b.Queue(s.claimOneSQL, claimOneArgs(req, ttl, 0, "")...).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(c.dest()...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		claimed = err == nil
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return claimRow{}, err
+	}
+	if claimed {
+		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT justonce_claim"); err != nil {
+			return claimRow{}, err
+		}
+		return claimRow{claimed: true, rec: c.record(req, 0, ""), live: true}, nil
+	}
+	var ls recordScan
+	found := false
+	b = &pgx.Batch{}
+	b.Queue("ROLLBACK TO SAVEPOINT justonce_claim")
+	b.Queue("RELEASE SAVEPOINT justonce_claim")
+	b.Queue(s.lookupSQL, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(ls.dest()...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		found = err == nil
+		return err
+	})
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return claimRow{}, err
+	}
+	if !found {
+		return claimRow{}, nil
+	}
+	rec, live, _ := ls.record(req.Key)
+	return claimRow{rec: rec, live: live}, nil
+}
