@@ -51,9 +51,17 @@ type Message struct {
 	Value []byte
 	// Time is the broker's timestamp.
 	Time time.Time
-	// Attempt is the delivery attempt, from 1: JetStream's delivery count,
-	// or the runtime's own count for in-place retries.
+	// Attempt is the handler attempt, from 1: one more than the failures
+	// of the handler counted so far. Redeliveries caused by the transport
+	// (a drain, a restart, an expired AckWait) and retries caused by the
+	// database being unavailable do not count. Transports keep it across
+	// redeliveries of the same message.
 	Attempt int
+	// Uncounted is how many times this message was retried without counting
+	// an attempt after its handler ran (the database went away or a race
+	// was lost mid-handler). The runtime bounds it, so that no message is
+	// retried forever uncounted; transports keep it with Attempt.
+	Uncounted int
 	// Raw is the transport's own message (kafka.Message, jetstream.Msg).
 	Raw any
 }
