@@ -1,0 +1,196 @@
+package testsvc
+
+import (
+	"bytes"
+	"context"
+	"io"
+	"net"
+	"net/url"
+	"sync"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// FaultProxy is a TCP proxy on 127.0.0.1 in front of one service, for
+// tests that need the network to fail at a chosen moment: cut every open
+// connection, refuse new ones, or cut a connection right after the server
+// sent a given byte pattern (say, the command tag of a COMMIT) and before
+// the client received it.
+type FaultProxy struct {
+	ln     net.Listener
+	target string
+
+	mu      sync.Mutex
+	conns   map[net.Conn]struct{}
+	refuse  bool
+	cutOn   []byte
+	cutDone chan struct{}
+	closed  bool
+}
+
+// Proxy starts a FaultProxy to target (host:port), stopped when the test
+// ends.
+func Proxy(t testing.TB, target string) *FaultProxy {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatalf("testsvc: proxy: %v", err)
+	}
+	p := &FaultProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	go p.accept()
+	t.Cleanup(p.Close)
+	return p
+}
+
+// Addr is the proxy's host:port.
+func (p *FaultProxy) Addr() string { return p.ln.Addr().String() }
+
+// Refuse makes the proxy close new connections at once (on) or forward
+// them again (off).
+func (p *FaultProxy) Refuse(on bool) {
+	p.mu.Lock()
+	p.refuse = on
+	p.mu.Unlock()
+}
+
+// CutAll closes every open connection, both ways.
+func (p *FaultProxy) CutAll() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for c := range p.conns {
+		_ = c.Close()
+	}
+}
+
+// CutWhenServerSends arms a one-shot fault: the first chunk from the
+// server that contains pattern is dropped and its connection is cut both
+// ways, so the server did the work and the client never hears of it. The
+// returned channel is closed when the fault fired.
+func (p *FaultProxy) CutWhenServerSends(pattern []byte) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cutOn = append([]byte(nil), pattern...)
+	p.cutDone = make(chan struct{})
+	return p.cutDone
+}
+
+// Close stops the proxy and cuts its connections.
+func (p *FaultProxy) Close() {
+	p.mu.Lock()
+	p.closed = true
+	p.mu.Unlock()
+	_ = p.ln.Close()
+	p.CutAll()
+}
+
+func (p *FaultProxy) accept() {
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			return
+		}
+		p.mu.Lock()
+		refuse := p.refuse || p.closed
+		p.mu.Unlock()
+		if refuse {
+			_ = c.Close()
+			continue
+		}
+		go p.serve(c)
+	}
+}
+
+func (p *FaultProxy) track(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range cs {
+		p.conns[c] = struct{}{}
+	}
+}
+
+func (p *FaultProxy) untrack(cs ...net.Conn) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, c := range cs {
+		delete(p.conns, c)
+	}
+}
+
+func (p *FaultProxy) serve(client net.Conn) {
+	server, err := net.Dial("tcp", p.target)
+	if err != nil {
+		_ = client.Close()
+		return
+	}
+	p.track(client, server)
+	defer func() {
+		_ = client.Close()
+		_ = server.Close()
+		p.untrack(client, server)
+	}()
+	done := make(chan struct{}, 2)
+	go func() { _, _ = io.Copy(server, client); done <- struct{}{} }()
+	go func() { p.fromServer(client, server); done <- struct{}{} }()
+	<-done
+}
+
+// fromServer copies server -> client, watching for the armed pattern.
+func (p *FaultProxy) fromServer(client, server net.Conn) {
+	buf := make([]byte, 32*1024)
+	for {
+		n, err := server.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			cut := p.cutOn != nil && bytes.Contains(buf[:n], p.cutOn)
+			var fired chan struct{}
+			if cut {
+				p.cutOn, fired = nil, p.cutDone
+			}
+			p.mu.Unlock()
+			if cut {
+				_ = client.Close()
+				_ = server.Close()
+				close(fired)
+				return
+			}
+			if _, werr := client.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// PoolVia returns a pool on the test's schema whose connections go to
+// addr (a FaultProxy's) instead of the server, closed when the test ends.
+func (pg *PG) PoolVia(t testing.TB, addr string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	u, err := url.Parse(pg.URL)
+	if err != nil {
+		t.Fatalf("testsvc: %v", err)
+	}
+	u.Host = addr
+	cfg, err := pgxpool.ParseConfig(u.String())
+	if err != nil {
+		t.Fatalf("testsvc: %v", err)
+	}
+	cfg.MaxConns = maxConns
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	if err != nil {
+		t.Fatalf("testsvc: pool: %v", err)
+	}
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Host returns the host:port of the test server behind pg.
+func (pg *PG) Host() string {
+	u, err := url.Parse(pg.URL)
+	if err != nil {
+		return ""
+	}
+	return u.Host
+}
