@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	mrand "math/rand/v2"
 	"sync"
 	"time"
 )
@@ -72,12 +73,21 @@ func (ls *Lease) Renew(ctx context.Context) error {
 // Complete records res and marks the key done. ErrLeaseLost when the lease
 // was lost: then another holder may have run too, which is what the fencing
 // token is for.
+//
+// A transient failure (IsTransient) leaves the lease unfinished, so that
+// Complete may be called again; DoLeased does so while the lease is held.
 func (ls *Lease) Complete(ctx context.Context, res Result) error {
-	if err := ls.finish(); err != nil {
-		return err
+	ls.mu.Lock()
+	defer ls.mu.Unlock()
+	if ls.done {
+		return fmt.Errorf("%w: lease already finished", ErrLeaseLost)
 	}
 	ok, err := ls.l.store.leaseComplete(ctx, ls.l.pool, ls.req.Key, ls.token, res, time.Since(ls.start))
-	return ls.check(ok, err, "complete")
+	err = ls.check(ok, err, "complete")
+	if err == nil || !IsTransient(err) {
+		ls.done = true
+	}
+	return err
 }
 
 // Fail marks the key failed with cause: later callers get a Duplicate whose
@@ -179,8 +189,8 @@ func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn 
 	func() {
 		ok := false
 		defer func() {
-			stop()
 			if !ok {
+				stop()
 				rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 				_ = lease.Release(rctx)
 				rcancel()
@@ -193,11 +203,61 @@ func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn 
 		l.observe(req, Outcome{}, err)
 		return Outcome{}, err
 	}
-	if err := lease.Complete(ctx, res); err != nil {
+	// The effect has happened: record it while the lease is kept alive, and
+	// retry a transient failure rather than let the lease lapse, which
+	// would run the effect again.
+	err = lease.completeRetrying(ctx, res, lost)
+	stop()
+	if err != nil {
 		l.observe(req, Outcome{}, err)
 		return Outcome{}, err
 	}
 	out = Outcome{Disposition: Executed, Result: res}
 	l.observe(req, out, nil)
 	return out, nil
+}
+
+// completeRetrying calls Complete until it succeeds, fails for good, or the
+// lease is lost. The caller's cancellation does not stop it at once (the
+// effect has happened, and recording it is what keeps it from running
+// again), but it gives up one lease duration after the caller's context
+// ended.
+func (ls *Lease) completeRetrying(ctx context.Context, res Result, lost <-chan struct{}) error {
+	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	go func() {
+		select {
+		case <-ctx.Done():
+			t := time.NewTimer(ls.dur)
+			defer t.Stop()
+			select {
+			case <-t.C:
+				cancel()
+			case <-wctx.Done():
+			}
+		case <-wctx.Done():
+		}
+	}()
+	backoff := 20 * time.Millisecond
+	for {
+		err := ls.Complete(wctx, res)
+		if err == nil || !IsTransient(err) {
+			return err
+		}
+		ls.l.cfg.Logger.Warn("justonce/inbox: recording a lease's completion failed, will retry",
+			"key", ls.req.Key.String(), "err", err)
+		t := time.NewTimer(backoff/2 + mrand.N(backoff))
+		select {
+		case <-wctx.Done():
+			t.Stop()
+			return fmt.Errorf("justonce/inbox: gave up recording a lease's completion: %w (last error: %w)", wctx.Err(), err)
+		case <-lost:
+			t.Stop()
+			return fmt.Errorf("%w: while recording its completion (last error: %v)", ErrLeaseLost, err)
+		case <-t.C:
+		}
+		if backoff < time.Second {
+			backoff *= 2
+		}
+	}
 }

@@ -149,9 +149,9 @@ func (p *FaultProxy) fromServer(client, server net.Conn) {
 			}
 			p.mu.Unlock()
 			if cut {
+				close(fired) // before the client can see the cut
 				_ = client.Close()
 				_ = server.Close()
-				close(fired)
 				return
 			}
 			if _, werr := client.Write(buf[:n]); werr != nil {
