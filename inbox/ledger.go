@@ -166,9 +166,15 @@ func (l *Ledger) Validate(r Request) error {
 // caller holds the key now), Mismatch (known with another fingerprint).
 // When fn returns an error or panics, the transaction rolls back, nothing is
 // recorded, and the error is returned as is (a panic is re-raised after the
-// rollback): a retry runs fn again. Database failures are *StoreError
-// (errors.Is ErrStore); ErrCommitUnknown means the commit's fate is unknown
-// and a retry is safe.
+// rollback; an error while the connection died is wrapped in a *StoreError
+// with Op "handler"): a retry runs fn again. When fn returns nil but a
+// statement in its transaction failed (an ignored SQL error), nothing is
+// recorded either and Do returns ErrRolledBack: Executed always means
+// committed. Database failures are *StoreError (errors.Is ErrStore);
+// ErrCommitUnknown means the commit's fate is unknown and a retry is safe;
+// IsTransient says which errors a retry can cure. The commit of a finished
+// handler is not cut short by ctx's cancellation; a cancelled wait for a key
+// in flight returns ctx's error.
 func (l *Ledger) Do(ctx context.Context, req Request, fn TxFunc) (Outcome, error) {
 	if err := l.Validate(req); err != nil {
 		return Outcome{}, err
@@ -475,8 +481,8 @@ type BatchFunc func(ctx context.Context, tx pgx.Tx, fresh []int) ([]Result, erro
 // ones in the same transaction, and commits once: one round trip to claim,
 // the handler's, one to record and commit. It returns one Outcome per
 // request. A key repeated within the batch runs once; its later copies are
-// Duplicates. If fn fails the whole batch rolls back and the error is
-// returned; run the requests one by one with Do to isolate a poison message.
+// Duplicates. If fn fails (or returns nil on an aborted transaction:
+// ErrRolledBack) the whole batch rolls back and the error is returned; run the requests one by one with Do to isolate a poison message.
 func (l *Ledger) DoBatch(ctx context.Context, reqs []Request, fn BatchFunc) ([]Outcome, error) {
 	outs := make([]Outcome, len(reqs))
 	if len(reqs) == 0 {
