@@ -30,6 +30,12 @@ type Consumer struct {
 	log  *slog.Logger
 	hb   *heartbeat // nil when disabled or in core mode
 	ran  atomic.Bool
+	// stream and its creation time, set by setup (JetStream): they name
+	// the messages in the attempt table.
+	stream        string
+	streamCreated int64
+	// flights maps a message in processInPlace to its flight.
+	flights sync.Map // *consumer.Message -> *flight
 }
 
 // New checks cfg, applies its defaults and returns a Consumer. It does not
@@ -54,7 +60,16 @@ func New(cfg Config) (*Consumer, error) {
 	if pcfg.DeadLetter == nil {
 		pcfg.DeadLetter = c.publishDeadLetter
 	}
-	proc, err := consumer.New(pcfg, cfg.Handler)
+	onRetry := pcfg.Hooks.OnRetry
+	pcfg.Hooks.OnRetry = func(m *consumer.Message, err error) {
+		if f, ok := c.flights.Load(m); ok {
+			f.(*flight).decided()
+		}
+		if onRetry != nil {
+			onRetry(m, err)
+		}
+	}
+	proc, err := consumer.New(pcfg, guard(cfg.Handler))
 	if err != nil {
 		return nil, err
 	}
@@ -118,8 +133,11 @@ func headers(h nats.Header) []consumer.Header {
 	return out
 }
 
-// jsMessage converts a JetStream message: Attempt is the delivery count,
-// Offset the stream sequence, Time the stream timestamp.
+// jsMessage converts a JetStream message: Offset is the stream sequence,
+// Time the stream timestamp, and Attempt and Uncounted what this process
+// counted for the message before it was last handed back to JetStream
+// (1 and 0 for a message it has not failed on). JetStream's delivery count
+// is not the attempt: drains, restarts and expired AckWaits raise it too.
 func (c *Consumer) jsMessage(m jetstream.Msg) *consumer.Message {
 	msg := &consumer.Message{
 		Topic:   m.Subject(),
@@ -131,8 +149,8 @@ func (c *Consumer) jsMessage(m jetstream.Msg) *consumer.Message {
 	if md, err := m.Metadata(); err == nil {
 		msg.Offset = int64(md.Sequence.Stream)
 		msg.Time = md.Timestamp
-		if md.NumDelivered > 0 {
-			msg.Attempt = int(md.NumDelivered)
+		if n, ok := attempts.get(c.attemptKey(msg)); ok {
+			msg.Attempt, msg.Uncounted = max(n.attempt, 1), n.uncounted
 		}
 	} else {
 		c.log.Warn("justonce natsinbox: message without JetStream metadata", "subject", m.Subject(), "err", err)
@@ -140,8 +158,35 @@ func (c *Consumer) jsMessage(m jetstream.Msg) *consumer.Message {
 	return msg
 }
 
+// attemptKey names msg in the attempt table.
+func (c *Consumer) attemptKey(msg *consumer.Message) attemptKey {
+	return attemptKey{stream: c.stream, created: c.streamCreated, durable: c.cfg.Durable,
+		scope: c.proc.Config().Scope, seq: uint64(msg.Offset)}
+}
+
+// remember keeps or drops msg's counts as d settles it: a message done
+// (acked or dead-lettered) is forgotten; one handed back to JetStream keeps
+// its counts for its redelivery.
+func (c *Consumer) remember(msg *consumer.Message, d consumer.Decision) {
+	if msg.Offset <= 0 {
+		return
+	}
+	k := c.attemptKey(msg)
+	switch d.Action {
+	case consumer.Ack:
+		attempts.forget(k)
+	default:
+		n := attemptCount{attempt: msg.Attempt, uncounted: msg.Uncounted}
+		if d.Action == consumer.Retry && d.Counted {
+			n.attempt++ // the failure this Decision reports
+		}
+		attempts.put(k, n)
+	}
+}
+
 // settle acks, naks or terms m as the Decision says.
 func (c *Consumer) settle(m jetstream.Msg, msg *consumer.Message, d consumer.Decision) {
+	c.remember(msg, d)
 	var err error
 	switch d.Action {
 	case consumer.Ack:

@@ -24,6 +24,7 @@ func (c *Consumer) setup(ctx context.Context) (jetstream.Consumer, time.Duration
 		return nil, 0, fmt.Errorf("justonce/natsinbox: stream %q: %w", c.cfg.Stream, err)
 	}
 	si := stream.CachedInfo()
+	c.stream, c.streamCreated = si.Config.Name, si.Created.UnixNano()
 
 	var cons jetstream.Consumer
 	if c.cfg.Bind {
@@ -115,44 +116,61 @@ func (c *Consumer) runJetStream(ctx context.Context) error {
 }
 
 // handle processes one message and settles it. pctx is the handlers'
-// context; stopping is closed when Run's context ends.
-func (c *Consumer) handle(pctx context.Context, stopping <-chan struct{}, m jetstream.Msg) {
+// context; stopping ends when the consumer stops.
+func (c *Consumer) handle(pctx, stopping context.Context, m jetstream.Msg) {
 	msg := c.jsMessage(m)
 	c.hb.add(m)
-	d := c.retryInPlace(pctx, stopping, msg, c.proc.Process(pctx, msg))
+	d := c.processInPlace(pctx, stopping, msg, nil)
 	c.hb.remove(m)
 	c.settle(m, msg, d)
 }
 
-// retryInPlace repeats an attempt whose retry does not count (the database
-// was unavailable, or another consumer holds the event right now) here,
-// with the message kept InProgress, instead of NakWithDelay: a redelivery
-// would raise JetStream's delivery count, which is the attempt number, and
-// could dead-letter the event early. Handler failures (counted) are
-// returned for NakWithDelay. On shutdown the retry is left to JetStream.
-func (c *Consumer) retryInPlace(pctx context.Context, stopping <-chan struct{}, msg *consumer.Message, d consumer.Decision) consumer.Decision {
-	for d.Action == consumer.Retry && !d.Counted {
-		t := time.NewTimer(d.Delay)
+// processInPlace processes msg until it is done with
+// consumer.ProcessWithRetry: every retry, counted (the handler failed) or
+// not (the database was unavailable, another consumer held the event),
+// happens here, with the message kept InProgress by the heartbeat, rather
+// than through a Nak and a redelivery. The attempt count stays with the
+// message in this process, and a poison message occupies one worker for
+// its retry budget without being handed to another member with its count
+// lost. When stopping ends, a wait between attempts ends at once and a
+// handler that started runs to its decision first (see flight); the Stop
+// decision that follows Naks the message, and its counts are kept for its
+// redelivery (see remember).
+//
+// first, when not nil, is the Decision of an attempt already made (batch
+// mode): its delay is waited first, and a counted failure raises Attempt
+// unless the runtime already did.
+func (c *Consumer) processInPlace(pctx, stopping context.Context, msg *consumer.Message, first *consumer.Decision) consumer.Decision {
+	ctx, cancel := context.WithCancel(pctx)
+	defer cancel()
+	f := &flight{cancel: cancel}
+	ctx = context.WithValue(ctx, flightKey{}, f)
+	c.flights.Store(msg, f)
+	defer c.flights.Delete(msg)
+	defer context.AfterFunc(stopping, f.stop)()
+	if first != nil {
+		t := time.NewTimer(first.Delay)
 		select {
-		case <-stopping:
+		case <-ctx.Done():
 			t.Stop()
-			return d
+			return consumer.Decision{Action: consumer.Stop, Err: context.Cause(ctx)}
 		case <-t.C:
 		}
-		d = c.proc.Process(pctx, msg)
 	}
-	return d
+	return c.proc.ProcessWithRetry(ctx, msg)
 }
 
 // runConsume pulls with Consume and hands each message to a worker.
 func (c *Consumer) runConsume(ctx, pctx context.Context, startDrain func(), cons jetstream.Consumer) error {
 	jobs := make(chan jetstream.Msg)
 	draining := make(chan struct{})
+	stopping, stopAll := context.WithCancel(context.Background())
+	defer stopAll()
 	var wg sync.WaitGroup
 	for range c.cfg.Concurrency {
 		wg.Go(func() {
 			for m := range jobs {
-				c.handle(pctx, draining, m)
+				c.handle(pctx, stopping, m)
 			}
 		})
 	}
@@ -201,6 +219,7 @@ func (c *Consumer) runConsume(ctx, pctx context.Context, startDrain func(), cons
 	}
 	startDrain()
 	close(draining)
+	stopAll()
 	cc.Drain()
 	<-cc.Closed()
 	close(jobs)
@@ -262,7 +281,7 @@ func (c *Consumer) fetchLoop(ctx, pctx context.Context, cons jetstream.Consumer)
 					}
 					continue
 				}
-				c.handleBatch(pctx, ctx.Done(), ms) // ctx: the loop's, ended on shutdown or a failed sibling
+				c.handleBatch(pctx, ctx, ms) // ctx: the loop's, ended on shutdown or a failed sibling
 			}
 			err = b.Error()
 		}
@@ -323,24 +342,30 @@ func gather(ch <-chan jetstream.Msg, n int, linger *time.Timer) []jetstream.Msg 
 }
 
 // handleBatch handles ms in one ledger transaction and settles each.
-func (c *Consumer) handleBatch(pctx context.Context, stopping <-chan struct{}, ms []jetstream.Msg) {
+// stopping ends when the consumer stops.
+func (c *Consumer) handleBatch(pctx, stopping context.Context, ms []jetstream.Msg) {
 	msgs := make([]*consumer.Message, len(ms))
+	before := make([]int, len(ms))
 	for i, m := range ms {
 		msgs[i] = c.jsMessage(m)
+		before[i] = msgs[i].Attempt
 	}
 	c.hb.add(ms...)
 	ds := c.proc.ProcessBatch(pctx, msgs)
 	for i, m := range ms {
 		// Settle what is decided at once; retry in place, one by one,
-		// what waits on the database or on another consumer.
-		if ds[i].Action != consumer.Retry || ds[i].Counted {
+		// what failed or waits on the database or on another consumer.
+		if ds[i].Action != consumer.Retry {
 			c.hb.remove(m)
 			c.settle(m, msgs[i], ds[i])
 		}
 	}
 	for i, m := range ms {
-		if ds[i].Action == consumer.Retry && !ds[i].Counted {
-			d := c.retryInPlace(pctx, stopping, msgs[i], ds[i])
+		if ds[i].Action == consumer.Retry {
+			if ds[i].Counted && msgs[i].Attempt == before[i] {
+				msgs[i].Attempt++
+			}
+			d := c.processInPlace(pctx, stopping, msgs[i], &ds[i])
 			c.hb.remove(m)
 			c.settle(m, msgs[i], d)
 		}
