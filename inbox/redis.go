@@ -22,6 +22,16 @@ import (
 // failing, every call goes on through Postgres alone (counted in
 // Counters.RedisFallbacks and logged once per episode). Dedupe is never
 // skipped.
+//
+// The cache only ever holds what Postgres answered, and it is written only
+// by a call that still holds the key's Redis lock, in the same Redis
+// operation that checks the lock. Ledger.Release and Ledger.RecordFailure
+// change the row in Postgres first and then delete both the cached result
+// and the lock, so a call that read the old row before the change can no
+// longer cache it: once Release has returned without error, no call that
+// starts afterwards is answered from the old result. Release fails (and
+// changes nothing) while Redis does not answer, and reports ErrCacheStale
+// when the row changed but the cached entry could not be deleted.
 type RedisConfig struct {
 	// Client is a single node, Sentinel or Cluster client. Set its
 	// ContextTimeoutEnabled option so that Timeout bounds socket reads.
@@ -68,11 +78,15 @@ if v then return {1, v} end
 if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then return {2} end
 return {3}`)
 
-// finishScript stores the result (when given) and releases our lock.
+// finishScript stores the result (when given) and releases our lock, but
+// only while the lock is still ours: Release deletes the lock after it
+// changed the row, so a call that read the old row cannot cache it after
+// the release. 1: done; 0: the lock was not ours any more, nothing written.
 var finishScript = redis.NewScript(`
+if redis.call('GET', KEYS[2]) ~= ARGV[1] then return 0 end
 if ARGV[2] ~= '' then redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3]) end
-if redis.call('GET', KEYS[2]) == ARGV[1] then return redis.call('DEL', KEYS[2]) end
-return 0`)
+redis.call('DEL', KEYS[2])
+return 1`)
 
 // extendScript extends our lock; 0 when it is not ours any more.
 var extendScript = redis.NewScript(`
@@ -88,6 +102,13 @@ type redisFront struct {
 	logMu    sync.Mutex
 	lastWarn time.Time // when the last episode's warning was logged
 	warned   bool      // a warning is out with no recovery notice yet
+
+	// Test hooks, nil in production: beforeFinish runs after Postgres
+	// answered and before the cache write; afterChange runs after Release
+	// or RecordFailure changed the row and before the cache is
+	// invalidated.
+	beforeFinish func(Key)
+	afterChange  func(Key)
 }
 
 // episodeGap: failures within this long of the last warning belong to the
@@ -143,6 +164,7 @@ const (
 	redisHit
 	redisLocked
 	redisBusy
+	redisCancelled
 )
 
 func (f *redisFront) acquire(ctx context.Context, k Key, token string) (acquireState, string) {
@@ -150,6 +172,10 @@ func (f *redisFront) acquire(ctx context.Context, k Key, token string) (acquireS
 	cctx, cancel := f.call(ctx)
 	defer cancel()
 	v, err := acquireScript.Run(cctx, f.cfg.Client, []string{res, lock}, token, f.cfg.LockTTL.Milliseconds()).Slice()
+	if ctx.Err() != nil {
+		// The caller gave up: not a Redis failure, and no answer.
+		return redisCancelled, ""
+	}
 	if err != nil || len(v) == 0 {
 		if err == nil {
 			err = fmt.Errorf("empty script reply")
@@ -171,9 +197,14 @@ func (f *redisFront) acquire(ctx context.Context, k Key, token string) (acquireS
 
 // do runs pg behind the Redis lock and cache.
 func (f *redisFront) do(ctx context.Context, l *Ledger, req Request, pg func() (Outcome, error)) (Outcome, error) {
+	if err := ctx.Err(); err != nil {
+		return Outcome{}, fmt.Errorf("justonce/inbox: %w", err)
+	}
 	token := newToken()
 	state, cached := f.acquire(ctx, req.Key, token)
 	switch state {
+	case redisCancelled:
+		return Outcome{}, fmt.Errorf("justonce/inbox: %w", ctx.Err())
 	case redisHit:
 		if out, ok := decodeCached(req, cached); ok {
 			return out, nil
@@ -204,6 +235,9 @@ func (f *redisFront) do(ctx context.Context, l *Ledger, req Request, pg func() (
 	var ttl time.Duration
 	if err == nil && out.Record != nil && (out.Disposition == Executed || out.Disposition == Duplicate) {
 		value, ttl = f.encode(out)
+	}
+	if f.beforeFinish != nil {
+		f.beforeFinish(req.Key)
 	}
 	finished = true
 	f.finish(ctx, req.Key, token, value, ttl)
@@ -259,16 +293,60 @@ func (f *redisFront) keepLock(ctx context.Context, k Key, token string) (stop fu
 	}
 }
 
-// invalidate drops k's cached result.
-func (f *redisFront) invalidate(ctx context.Context, k Key) error {
+// Release and RecordFailure against a concurrent fast-path call (one that
+// holds the key's Redis lock, read the row in Postgres and is about to
+// cache what it read). The writer changes the row in Postgres (P), then
+// deletes the cached result and the lock in one Redis command (R). The
+// call reads the row (r) and then, in one script, writes the cache only if
+// its lock is still there (w). Every order:
+//
+//   - r before P, w before R: the old result is cached, and R deletes it.
+//   - r before P, w after R: the lock is gone, so w writes nothing.
+//   - r after P: the call read the new state, and caching it is correct.
+//
+// A call that takes the lock after R reads Postgres after P. A lock that
+// lapsed and was taken by another call has another token: w writes nothing
+// either. A call that was answered from the cache before R may return the
+// old result while Release runs; no call that starts after Release returned
+// can. Redis is checked before P (ping), so that a Redis that does not
+// answer fails the release before anything changed; R is retried a few
+// times, and when it still fails the error is ErrCacheStale: the row did
+// change, and the old entry may be served until its TTL ends.
+
+// ping checks that Redis answers for k's slot before the row is changed.
+func (f *redisFront) ping(ctx context.Context, k Key) error {
 	res, _ := f.keys(k)
 	cctx, cancel := f.call(ctx)
 	defer cancel()
-	if err := f.cfg.Client.Del(cctx, res).Err(); err != nil {
-		f.failed("invalidate", err)
-		return fmt.Errorf("justonce/inbox: Redis cache not invalidated for %s: %w", k, err)
+	err := f.cfg.Client.PTTL(cctx, res).Err()
+	if err != nil && ctx.Err() != nil {
+		return ctx.Err()
 	}
-	return nil
+	return err
+}
+
+// invalidateTries bounds the retries of a cache invalidation.
+const invalidateTries = 3
+
+// invalidate drops k's cached result and its lock, retrying a few times. It
+// runs after the row changed, so the caller's cancellation does not stop
+// it.
+func (f *redisFront) invalidate(ctx context.Context, k Key) error {
+	res, lock := f.keys(k)
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	for try := 0; try < invalidateTries; try++ {
+		if try > 0 {
+			time.Sleep(time.Duration(try*try) * 20 * time.Millisecond)
+		}
+		cctx, cancel := f.call(ctx)
+		err = f.cfg.Client.Del(cctx, res, lock).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+	}
+	return err
 }
 
 // cacheEntry is a cached row, enough to answer a duplicate.
