@@ -14,6 +14,41 @@
 //		})
 //	d := p.Process(ctx, msg) // one attempt
 //	switch d.Action { case consumer.Ack: ...; case consumer.Retry: ... }
+//
+// # Attempts
+//
+// Message.Attempt counts the handler's failures: an error or panic, a data
+// or constraint error (SQLSTATE classes 22 and 23, also a deferred
+// constraint failing at COMMIT), a transaction the handler left aborted by
+// ignoring a failed statement (inbox.ErrRolledBack). Such a failure is
+// retried with Config.Backoff and, after Config.MaxAttempts, dead-lettered,
+// recorded failed in the ledger and acked: nothing is acked without its
+// effect, and nothing is retried forever.
+//
+// Transient failures (inbox.IsTransient: the database unreachable, the
+// connection lost mid-handler or at COMMIT, a serialization failure or
+// deadlock) are retried without counting. When the handler had run in that
+// attempt, Message.Uncounted goes up by one, and past
+// Config.MaxUncounted each further such failure counts, so that a handler
+// that always breaks its own connection is dead-lettered in the end. When
+// the handler never ran (the database could not be reached at all) the
+// retry never counts, however long the outage: an outage dead-letters
+// nothing.
+//
+// # Outages
+//
+// While the database is unreachable, retries wait Config.StoreBackoff,
+// whose delay grows with each failed attempt of the outage, across all the
+// processor's messages, and starts again from its initial value once the
+// database answers. The outage is logged once when it starts (a warning)
+// and once when it ends (info, with its duration and number of failed
+// attempts), not once per retry.
+//
+// # Cancellation
+//
+// When the context ends, the Decision is Stop with the context's error:
+// the message is neither acked nor retried here and comes again after a
+// restart or rebalance. Work that committed before is acked.
 package consumer
 
 import (

@@ -7,9 +7,11 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/justonce/justonce/inbox"
 )
@@ -90,12 +92,26 @@ type Config struct {
 	// the redelivery horizon (Kafka retention you may replay, JetStream
 	// MaxAge).
 	TTL time.Duration
-	// MaxAttempts before dead-lettering. Default 5.
+	// MaxAttempts before dead-lettering: failures of the handler (an error,
+	// a panic, a data or constraint error, a transaction it left aborted, a
+	// deferred constraint failing at COMMIT) count. Default 5.
 	MaxAttempts int
+	// MaxUncounted bounds the retries of one message that do not count
+	// although its handler ran: the connection was lost mid-handler or at
+	// COMMIT, or the transaction lost a serialization or deadlock race.
+	// Beyond it, each such failure counts as an attempt, so a handler that
+	// always breaks its own connection or always loses its race is
+	// dead-lettered in the end instead of retried forever. Attempts whose
+	// handler never ran (the ledger could not reach the database) never
+	// count, however long the outage. Default 50.
+	MaxUncounted int
 	// Backoff between attempts.
 	Backoff Backoff
 	// StoreBackoff between attempts while the database is unreachable;
-	// those attempts do not count toward MaxAttempts. Default 200 ms to 5 s.
+	// those attempts do not count toward MaxAttempts. The delay grows with
+	// each failure of the outage, across all the processor's messages, and
+	// starts again from Initial once the database answers. Default 200 ms
+	// to 5 s.
 	StoreBackoff Backoff
 	// Retryable decides whether a handler error is worth retrying. Default:
 	// every error except those wrapped with Permanent.
@@ -107,7 +123,9 @@ type Config struct {
 	Middleware []Middleware
 	// Hooks observe the runtime.
 	Hooks Hooks
-	// Logger; nil is silent. Event IDs are masked.
+	// Logger; nil is silent. Event IDs are masked. An outage of the
+	// database logs one warning when it starts and one info line when it
+	// ends, not one line per retry.
 	Logger *slog.Logger
 }
 
@@ -115,6 +133,15 @@ type Config struct {
 type Processor struct {
 	cfg Config
 	h   Handler
+	out outage
+}
+
+// outage tracks an episode of database unavailability: consecutive
+// attempts that failed because the database could not be reached.
+type outage struct {
+	mu    sync.Mutex
+	fails int       // failed attempts since the episode started; 0: no outage
+	since time.Time // when the episode started
 }
 
 // New returns a Processor for h.
@@ -133,6 +160,9 @@ func New(cfg Config, h Handler) (*Processor, error) {
 	}
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 5
+	}
+	if cfg.MaxUncounted <= 0 {
+		cfg.MaxUncounted = 50
 	}
 	if cfg.StoreBackoff.Initial == 0 {
 		cfg.StoreBackoff = Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second}
@@ -188,8 +218,14 @@ type Decision struct {
 	DeadLettered bool
 	// Counted: the attempt counts toward MaxAttempts (the handler failed);
 	// false for retries caused by the database or an in-flight duplicate.
+	// The caller adds one to Message.Attempt before the next attempt
+	// (ProcessWithRetry does).
 	Counted bool
+	// HandlerRan: the handler was called in this attempt. A retry that does
+	// not count although the handler ran added one to Message.Uncounted.
+	HandlerRan bool
 	// Err is why the attempt did not succeed (Retry, DeadLettered, Stop).
+	// For Stop it matches the context's error with errors.Is.
 	Err error
 }
 
@@ -255,12 +291,21 @@ func recovered(err *error) {
 }
 
 // Process makes one attempt at m: extract the ID, claim it and run the
-// handler in one transaction, and decide. m.Attempt must be the delivery
-// attempt (from 1); after MaxAttempts failed attempts (or a Permanent
-// error) the message is dead-lettered and acked.
+// handler in one transaction, and decide.
+//
+// m.Attempt is the handler attempt (from 1): after a Decision with Counted
+// set the caller adds one before the next attempt. After MaxAttempts
+// counted failures (or a Permanent error) the message is dead-lettered,
+// recorded failed in the ledger, and acked. Process itself adds one to
+// m.Uncounted when a retry does not count although the handler ran (see
+// Config.MaxUncounted). A context that has ended gives Stop with the
+// context's error; work that committed before is still acked.
 func (p *Processor) Process(ctx context.Context, m *Message) Decision {
 	if m.Attempt < 1 {
 		m.Attempt = 1
+	}
+	if err := ctx.Err(); err != nil {
+		return Decision{Action: Stop, Err: err}
 	}
 	if m.ID == "" {
 		id, err := p.cfg.ID(m)
@@ -282,34 +327,131 @@ func (p *Processor) Process(ctx context.Context, m *Message) Decision {
 	start := time.Now()
 	var out inbox.Outcome
 	var err error
+	ran := false
 	func() {
 		defer recovered(&err)
 		out, err = p.cfg.Ledger.Do(ctx, req, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+			ran = true
 			return p.call(ctx, tx, m)
 		})
 	}()
-	return p.decide(ctx, m, req, out, err, time.Since(start))
+	return p.decide(ctx, m, out, err, time.Since(start), ran)
 }
 
-func (p *Processor) decide(ctx context.Context, m *Message, req inbox.Request, out inbox.Outcome, err error, took time.Duration) Decision {
+// decide turns the ledger's answer into a Decision. ran says whether the
+// handler was called in this attempt.
+func (p *Processor) decide(ctx context.Context, m *Message, out inbox.Outcome, err error, took time.Duration, ran bool) Decision {
 	switch {
 	case err == nil && out.Disposition == inbox.InFlight:
+		p.available()
+		if ctx.Err() != nil {
+			return Decision{Action: Stop, Outcome: out, Err: ctx.Err()}
+		}
 		p.outcome(m, out, took)
 		// Another consumer (a zombie after a rebalance, another path) holds
 		// the key: come back when it is done.
 		return p.retry(m, Decision{Outcome: out, Delay: p.cfg.StoreBackoff.Delay(1), Err: errInFlight})
 	case err == nil:
+		// Done (or done before): ack, even if ctx ended since.
+		p.available()
 		p.outcome(m, out, took)
-		return Decision{Action: Ack, Outcome: out}
+		return Decision{Action: Ack, Outcome: out, HandlerRan: ran}
 	case ctx.Err() != nil:
-		return Decision{Action: Stop, Err: err}
-	case inbox.IsTransient(err):
-		p.cfg.Logger.Warn("justonce consumer: database unavailable, will retry", "id", inbox.Mask(m.ID), "err", err)
-		return p.retry(m, Decision{Delay: p.cfg.StoreBackoff.Delay(m.Attempt), Err: err})
-	case !p.cfg.Retryable(err) || m.Attempt >= p.cfg.MaxAttempts:
-		return p.deadLetter(ctx, m, err, true)
-	default:
-		return p.retry(m, Decision{Delay: p.cfg.Backoff.Delay(m.Attempt), Counted: true, Err: err})
+		return Decision{Action: Stop, Err: stopErr(ctx, err), HandlerRan: ran}
+	case !inbox.IsTransient(err):
+		if ran {
+			p.available() // the claim went through: the database answers
+		}
+		return p.fail(ctx, m, err, ran)
+	}
+	return p.transient(ctx, m, err, ran, p.transientDelay(m, err))
+}
+
+// transientDelay is the wait before retrying after a transient error: the
+// outage's backoff when the database is unreachable, the handler backoff
+// after a lost race.
+func (p *Processor) transientDelay(m *Message, err error) time.Duration {
+	if lostRace(err) {
+		p.available()
+		return p.cfg.Backoff.Delay(m.Uncounted + 1)
+	}
+	return p.unavailable(err)
+}
+
+// transient decides an attempt that failed for a transient reason: retried
+// without counting, unless the handler ran and the message has used up
+// MaxUncounted such retries.
+func (p *Processor) transient(ctx context.Context, m *Message, err error, ran bool, delay time.Duration) Decision {
+	if ran {
+		m.Uncounted++
+		if m.Uncounted > p.cfg.MaxUncounted {
+			err = fmt.Errorf("%w (retried %d times without counting an attempt)", err, m.Uncounted-1)
+			d := p.fail(ctx, m, err, ran)
+			d.Delay = max(d.Delay, delay)
+			return d
+		}
+	}
+	p.cfg.Logger.Debug("justonce consumer: retrying without counting an attempt", "id", inbox.Mask(m.ID), "delay", delay, "err", err)
+	return p.retry(m, Decision{Delay: delay, Err: err, HandlerRan: ran})
+}
+
+// fail decides a counted failure: retry with backoff, or dead-letter after
+// the last attempt or a non-retryable error.
+func (p *Processor) fail(ctx context.Context, m *Message, err error, ran bool) Decision {
+	if !p.cfg.Retryable(err) || m.Attempt >= p.cfg.MaxAttempts {
+		d := p.deadLetter(ctx, m, err, m.ID != "")
+		d.HandlerRan = ran
+		return d
+	}
+	return p.retry(m, Decision{Delay: p.cfg.Backoff.Delay(m.Attempt), Counted: true, Err: err, HandlerRan: ran})
+}
+
+// stopErr is err for a Stop: it matches ctx's error.
+func stopErr(ctx context.Context, err error) error {
+	cerr := ctx.Err()
+	switch {
+	case err == nil:
+		return cerr
+	case errors.Is(err, cerr):
+		return err
+	}
+	return fmt.Errorf("%w: %w", cerr, err)
+}
+
+// lostRace reports whether err is a serialization failure or a deadlock:
+// the database answered, the transaction lost a race it may win next time.
+func lostRace(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "40001" || pgErr.Code == "40P01")
+}
+
+// unavailable records a failed attempt of the current outage (starting
+// one, with a warning, if there is none) and returns the wait before the
+// next attempt, which grows with the outage's failures.
+func (p *Processor) unavailable(err error) time.Duration {
+	p.out.mu.Lock()
+	p.out.fails++
+	n := p.out.fails
+	if n == 1 {
+		p.out.since = time.Now()
+	}
+	p.out.mu.Unlock()
+	if n == 1 {
+		p.cfg.Logger.Warn("justonce consumer: database unavailable; retrying with backoff until it answers",
+			"scope", p.cfg.Scope, "err", err)
+	}
+	return p.cfg.StoreBackoff.Delay(n)
+}
+
+// available ends the current outage, if any, with an info line.
+func (p *Processor) available() {
+	p.out.mu.Lock()
+	n, since := p.out.fails, p.out.since
+	p.out.fails = 0
+	p.out.mu.Unlock()
+	if n > 0 {
+		p.cfg.Logger.Info("justonce consumer: database available again",
+			"scope", p.cfg.Scope, "down_for", time.Since(since).Round(time.Millisecond), "failed_attempts", n)
 	}
 }
 
@@ -359,23 +501,29 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, key
 // runUndeduped runs a message that has no ID in a plain transaction.
 func (p *Processor) runUndeduped(ctx context.Context, m *Message) Decision {
 	var err error
+	ran := false
 	func() {
 		defer recovered(&err)
 		err = pgx.BeginFunc(ctx, p.cfg.Ledger.Pool(), func(tx pgx.Tx) error {
+			ran = true
 			_, err := p.call(ctx, tx, m)
 			return err
 		})
 	}()
-	if err == nil {
-		return Decision{Action: Ack, Outcome: inbox.Outcome{Disposition: inbox.Executed}}
+	if err != nil && !ran {
+		// The handler never ran: the connection or BEGIN failed.
+		err = &inbox.StoreError{Op: "begin", Err: err}
 	}
-	return p.decide(ctx, m, inbox.Request{}, inbox.Outcome{}, err, 0)
+	return p.decide(ctx, m, inbox.Outcome{Disposition: inbox.Executed}, err, 0, ran)
 }
 
-// ProcessWithRetry processes m until it is done: it retries in place with
-// backoff (counting m.Attempt up on handler failures) and returns the final
-// Decision, Ack or Stop. Transports that must keep order (a Kafka
-// partition) use it.
+// ProcessWithRetry processes m until it is done: it retries in place,
+// waiting each Decision's delay, and returns the final Decision, Ack or
+// Stop. It adds one to m.Attempt after each counted failure only; retries
+// that do not count (the database unreachable, a race lost, a key in
+// flight elsewhere) leave it alone, and those after the handler ran are
+// bounded by Config.MaxUncounted. Transports that retry in place (a Kafka
+// partition, which must keep its order) use it.
 func (p *Processor) ProcessWithRetry(ctx context.Context, m *Message) Decision {
 	for {
 		d := p.Process(ctx, m)

@@ -234,23 +234,27 @@ func TestBatchIsolatesPoison(t *testing.T) {
 func TestStoreDownIsRetriedNotCounted(t *testing.T) {
 	t.Parallel()
 	f := setup(t)
-	p, err := consumer.New(f.cfg(), f.insert)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	m := msg("x")
 	// Terminate the pool's connections while a handler runs: the attempt
 	// fails with a store error, is retried without counting, and runs once.
 	var once sync.Once
-	p2, err := consumer.New(f.cfg(), func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		once.Do(func() { f.pg.TerminateBackends(t) })
+	var calls, terminated atomic.Int64
+	p, err := consumer.New(f.cfg(), func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		calls.Add(1)
+		once.Do(func() { terminated.Add(int64(f.pg.TerminateBackends(t))) })
 		return f.insert(ctx, tx, m)
 	})
 	require.NoError(t, err)
-	d := p2.ProcessWithRetry(ctx, m)
+	d := p.ProcessWithRetry(ctx, m)
 	require.Equal(t, consumer.Ack, d.Action)
-	require.Equal(t, 1, m.Attempt)
+	require.Positive(t, terminated.Load(), "the handler's connection was terminated")
+	require.EqualValues(t, 2, calls.Load(), "the first attempt failed and was retried")
+	require.Equal(t, 1, m.Attempt, "the retry did not count")
+	require.Equal(t, 1, m.Uncounted, "the retry after the handler ran is tracked")
 	require.Equal(t, 1, f.pg.Count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, consumer.Ack, p.Process(ctx, msg("x")).Action)
+	require.EqualValues(t, 2, calls.Load(), "the redelivery is a duplicate")
 	require.Equal(t, 1, f.pg.Count(t, `SELECT count(*) FROM effects`))
 }
