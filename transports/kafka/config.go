@@ -33,6 +33,28 @@ const (
 	DefaultCommitInterval = time.Second
 	// DefaultShutdownTimeout is Config.ShutdownTimeout's default.
 	DefaultShutdownTimeout = 30 * time.Second
+	// DefaultMaxBuffered is Config.MaxBuffered's default.
+	DefaultMaxBuffered = 1000
+
+	// DefaultSessionTimeout is the consumer group session timeout the
+	// Consumer gives kafka-go (whose own default is 30 s): how long the
+	// group coordinator keeps a member that stopped heartbeating, a
+	// process that was killed for example. Its partitions, and a restarted
+	// process that rejoins, wait that long. It must lie within the
+	// brokers' group.min.session.timeout.ms (default 6 s) and
+	// group.max.session.timeout.ms (default 30 min).
+	DefaultSessionTimeout = 10 * time.Second
+	// DefaultRebalanceTimeout is how long the coordinator waits for the
+	// members to rejoin during a rebalance (kafka-go's default: 30 s).
+	DefaultRebalanceTimeout = 10 * time.Second
+	// DefaultHeartbeatInterval is how often a member heartbeats, and so
+	// how soon it notices a rebalance (a third of the session timeout at
+	// most; kafka-go's default: 3 s).
+	DefaultHeartbeatInterval = time.Second
+	// DefaultJoinGroupBackoff is the wait after a failed attempt to join
+	// the group (kafka-go's default: 5 s).
+	DefaultJoinGroupBackoff = time.Second
+
 	// DefaultDeadLetterSuffix is appended to the topic to name the
 	// dead-letter topic.
 	DefaultDeadLetterSuffix = ".dlq"
@@ -67,12 +89,20 @@ type Config struct {
 	DeadLetterWriter *kafka.Writer
 
 	// Concurrency is how many messages (or batches) may run at once.
-	// Default 1: one at a time, in fetch order. A message being retried
-	// in place holds up the messages routed behind it (its partition, or
-	// its key with ByKey), for up to Processor.MaxAttempts backoffs.
+	// Default 1: one at a time. A message waiting to be retried holds up
+	// only the messages behind it in its partition (or its key, with
+	// ByKey), for up to Processor.MaxAttempts backoffs; it does not hold a
+	// Concurrency slot while it waits, so the other partitions go on.
 	Concurrency int
 	// Ordering when Concurrency > 1. Default ByPartition.
 	Ordering Ordering
+	// MaxBuffered is how many fetched messages may wait to run, across
+	// partitions. Messages behind a message waiting to be retried wait
+	// here while the other partitions go on; when MaxBuffered are
+	// waiting, fetching (of every partition, since kafka-go reads them
+	// together) pauses until the retried message is done, acked or
+	// dead-lettered. Default 1000.
+	MaxBuffered int
 
 	// BatchSize > 0 turns on batch mode: up to BatchSize fetched messages
 	// are claimed in one statement and the new ones run in one transaction
@@ -95,10 +125,21 @@ type Config struct {
 
 	// Reader adjusts the kafka-go reader configuration before use (Dialer
 	// for TLS/SASL, StartOffset, SessionTimeout, balancers, ...). The
-	// Consumer starts from kafka-go's defaults with MaxWait and
-	// HeartbeatInterval at 1 s, and sets Brokers, Topic and GroupID from this
-	// Config and CommitInterval to 0 after the call: offsets are committed
-	// by the Consumer only.
+	// Consumer starts from kafka-go's defaults with MaxWait at 1 s and
+	// the group timings of DefaultSessionTimeout, DefaultRebalanceTimeout,
+	// DefaultHeartbeatInterval and DefaultJoinGroupBackoff, and sets
+	// Brokers, Topic and GroupID from this Config and CommitInterval to 0
+	// after the call: offsets are committed by the Consumer only. The
+	// Dialer's TLS, SASL and dial function are also used for the requests
+	// that tell transaction markers from records.
+	//
+	// The session timeout trades how fast a dead member's partitions
+	// move (and a killed process, restarted, consumes again) against how
+	// long a live member may go silent (a long GC pause, a network blip)
+	// before the group rebalances without it. A rebalance loses and
+	// doubles nothing: the ledger answers Duplicate for what the old owner
+	// finished. Raise SessionTimeout (with RebalanceTimeout) for members
+	// that stall for longer than 10 s.
 	Reader func(*kafka.ReaderConfig)
 }
 
@@ -123,6 +164,8 @@ func (c Config) Validate() error {
 		return bad("unknown Ordering %d", c.Ordering)
 	case c.BatchSize < 0:
 		return bad("BatchSize is negative")
+	case c.MaxBuffered < 0:
+		return bad("MaxBuffered is negative")
 	case c.BatchLinger < 0, c.CommitInterval < 0, c.ShutdownTimeout < 0:
 		return bad("negative duration")
 	case c.DeadLetterWriter != nil && c.DeadLetterWriter.Topic != "":
@@ -160,6 +203,9 @@ func (c Config) withDefaults() Config {
 	c.DeadLetterTopic = c.deadLetterTopic()
 	if c.Concurrency == 0 {
 		c.Concurrency = 1
+	}
+	if c.MaxBuffered == 0 {
+		c.MaxBuffered = DefaultMaxBuffered
 	}
 	if c.BatchLinger == 0 {
 		c.BatchLinger = DefaultBatchLinger

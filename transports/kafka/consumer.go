@@ -98,7 +98,10 @@ func (c *Consumer) deadLetterTo(w *kafka.Writer) consumer.DeadLetterFunc {
 func (c *Consumer) readerConfig() kafka.ReaderConfig {
 	rc := kafka.ReaderConfig{
 		MaxWait:           time.Second,
-		HeartbeatInterval: time.Second,
+		SessionTimeout:    DefaultSessionTimeout,
+		RebalanceTimeout:  DefaultRebalanceTimeout,
+		HeartbeatInterval: DefaultHeartbeatInterval,
+		JoinGroupBackoff:  DefaultJoinGroupBackoff,
 		QueueCapacity:     max(100, 2*c.cfg.BatchSize),
 		ErrorLogger: kafka.LoggerFunc(func(format string, args ...any) {
 			if c.log.Enabled(context.Background(), slog.LevelWarn) {
@@ -136,7 +139,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := rc.Validate(); err != nil {
 		return fmt.Errorf("justonce/kafkainbox: reader config: %w", err)
 	}
-	s := c.newSession(ctx, kafka.NewReader(rc))
+	s := c.newSession(ctx, kafka.NewReader(rc), rc)
 	s.run(ctx)
 	return nil
 }
@@ -156,47 +159,71 @@ func (c *Consumer) closeOwned(w *kafka.Writer) {
 	}
 }
 
-// session is one Run: the reader, the workers and the commit watermark.
+// session is one Run: the reader, the lanes of messages waiting to run,
+// and the commit watermark.
+//
+// Each lane holds the messages that must run one after the other (one
+// partition, or one key bucket of a partition with ByKey) and is drained
+// by at most one goroutine, which runs them in order. An attempt takes one
+// of Config.Concurrency slots while it runs and gives it back before a
+// retry's backoff: a message waiting to be retried holds up its own lane
+// only, and the other lanes go on. The fetch loop stops fetching only when
+// Config.MaxBuffered messages are waiting in the lanes.
 type session struct {
 	c        *Consumer
 	reader   *kafka.Reader
+	ctl      *controlChecker
 	tr       *tracker
-	queues   []chan *consumer.Message
 	stopping chan struct{} // closed when Run's context ends: no new attempts
 	procCtx  context.Context
 	cancel   context.CancelFunc // cancels procCtx
+
+	buffered chan struct{} // a token per message fetched and not yet taken from its lane
+	slots    chan struct{} // a token per attempt running
+	lanesWG  sync.WaitGroup
+
+	mu    sync.Mutex
+	lanes map[laneKey]*lane
 }
 
-func (c *Consumer) newSession(ctx context.Context, r *kafka.Reader) *session {
+// laneKey names the messages that must run in order: a partition, or a
+// key bucket of a partition (ByKey; bucket -1 is the partition's messages
+// without a key, or every message with ByPartition).
+type laneKey struct {
+	tp     topicPartition
+	bucket int
+}
+
+// lane is the queue of one laneKey. Fields other than more are guarded by
+// session.mu.
+type lane struct {
+	msgs    []*consumer.Message
+	running bool          // a goroutine drains it
+	more    chan struct{} // signalled when a message is added (batch linger)
+}
+
+func (c *Consumer) newSession(ctx context.Context, r *kafka.Reader, rc kafka.ReaderConfig) *session {
 	// Handlers run on a context that keeps ctx's values but not its
 	// cancellation, so that in-flight work finishes at shutdown.
 	procCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	s := &session{
+	return &session{
 		c:        c,
 		reader:   r,
+		ctl:      newControlChecker(rc.Brokers, rc.Dialer),
 		tr:       newTracker(),
-		queues:   make([]chan *consumer.Message, c.cfg.Concurrency),
 		stopping: make(chan struct{}),
 		procCtx:  procCtx,
 		cancel:   cancel,
+		buffered: make(chan struct{}, max(c.cfg.MaxBuffered, c.cfg.BatchSize)),
+		slots:    make(chan struct{}, c.cfg.Concurrency),
+		lanes:    map[laneKey]*lane{},
 	}
-	for i := range s.queues {
-		s.queues[i] = make(chan *consumer.Message, max(2*c.cfg.BatchSize, 16))
-	}
-	return s
 }
 
 func (s *session) run(ctx context.Context) {
 	defer s.cancel()
+	defer s.ctl.close()
 	cfg := s.c.cfg
-	var workers sync.WaitGroup
-	for _, q := range s.queues {
-		workers.Add(1)
-		go func() {
-			defer workers.Done()
-			s.work(q)
-		}()
-	}
 	commitCtx, stopCommits := context.WithCancel(s.procCtx)
 	committerDone := make(chan struct{})
 	go func() {
@@ -206,21 +233,22 @@ func (s *session) run(ctx context.Context) {
 
 	s.fetch(ctx)
 
-	// Shutdown: no new attempts; wait for in-flight ones.
+	// Shutdown: no new attempts; wait for in-flight ones. The fetch loop
+	// has returned, so no lane starts after this.
 	close(s.stopping)
-	workersDone := make(chan struct{})
+	lanesDone := make(chan struct{})
 	go func() {
-		workers.Wait()
-		close(workersDone)
+		s.lanesWG.Wait()
+		close(lanesDone)
 	}()
 	grace := time.NewTimer(cfg.ShutdownTimeout)
 	select {
-	case <-workersDone:
+	case <-lanesDone:
 		grace.Stop()
 	case <-grace.C:
 		s.c.log.Warn("justonce kafka: in-flight handlers still running after the shutdown timeout; cancelling them", "timeout", cfg.ShutdownTimeout)
 		s.cancel()
-		<-workersDone
+		<-lanesDone
 	}
 	stopCommits()
 	<-committerDone
@@ -233,12 +261,20 @@ func (s *session) run(ctx context.Context) {
 	}
 }
 
-// fetch hands fetched messages to the workers until ctx is done.
+// fetch hands fetched messages to their lanes until ctx is done.
 func (s *session) fetch(ctx context.Context) {
 	failing := false
 	for {
+		// Room for one more message first: a full buffer holds the fetch,
+		// never a message already taken from kafka-go.
+		select {
+		case s.buffered <- struct{}{}:
+		case <-ctx.Done():
+			return
+		}
 		km, err := s.reader.FetchMessage(ctx)
 		if err != nil {
+			<-s.buffered
 			if ctx.Err() != nil {
 				return
 			}
@@ -252,56 +288,119 @@ func (s *session) fetch(ctx context.Context) {
 			continue
 		}
 		failing = false
-		tp := topicPartition{km.Topic, km.Partition}
-		s.tr.fetched(tp, km.Offset)
-		if s.marker(km) {
-			s.tr.done(tp, km.Offset) // nothing to run; the commit may pass it
-			continue
+		s.tr.fetched(topicPartition{km.Topic, km.Partition}, km.Offset)
+		s.enqueue(s.route(km), fromKafka(km))
+	}
+}
+
+// route picks the lane of a message: its partition, or with ByKey (and
+// Concurrency > 1) a bucket of its key within the partition, so that what
+// must stay ordered stays in one lane.
+func (s *session) route(km kafka.Message) laneKey {
+	k := laneKey{tp: topicPartition{km.Topic, km.Partition}, bucket: -1}
+	if n := uint32(s.c.cfg.Concurrency); s.c.cfg.Ordering == ByKey && n > 1 && len(km.Key) > 0 {
+		h := uint32(2166136261) // FNV-1a
+		for _, b := range km.Key {
+			h ^= uint32(b)
+			h *= 16777619
 		}
-		select {
-		case s.queues[s.route(km)] <- fromKafka(km):
-		case <-ctx.Done():
-			// Left pending: the commit stays below it and it comes again.
+		k.bucket = int(h % n)
+	}
+	return k
+}
+
+// enqueue appends m to its lane and starts the lane's goroutine if none
+// runs.
+func (s *session) enqueue(k laneKey, m *consumer.Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.lanes[k]
+	if l == nil {
+		l = &lane{more: make(chan struct{}, 1)}
+		s.lanes[k] = l
+	}
+	l.msgs = append(l.msgs, m)
+	select {
+	case l.more <- struct{}{}:
+	default:
+	}
+	if !l.running {
+		l.running = true
+		s.lanesWG.Add(1)
+		go s.drain(l)
+	}
+}
+
+// pop takes up to n messages from the head of l. s.mu must be held.
+func (s *session) pop(l *lane, n int) []*consumer.Message {
+	n = min(n, len(l.msgs))
+	if n == 0 {
+		return nil
+	}
+	out := make([]*consumer.Message, n)
+	copy(out, l.msgs)
+	clear(l.msgs[:n])
+	l.msgs = l.msgs[n:]
+	if len(l.msgs) == 0 {
+		l.msgs = nil
+	}
+	for range n {
+		<-s.buffered // never blocks: each message in a lane holds a token
+	}
+	return out
+}
+
+// next takes the lane's next message (or batch); nil, and the lane's
+// goroutine ends, when the lane is empty or the consumer is stopping
+// (messages still queued are left pending).
+func (s *session) next(l *lane, n int) []*consumer.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped() || len(l.msgs) == 0 {
+		l.running = false
+		return nil
+	}
+	return s.pop(l, n)
+}
+
+// drain runs l's messages in order until it is empty or the consumer
+// stops.
+func (s *session) drain(l *lane) {
+	defer s.lanesWG.Done()
+	size := max(1, s.c.cfg.BatchSize)
+	for {
+		msgs := s.next(l, size)
+		if msgs == nil {
 			return
 		}
+		if s.c.cfg.BatchSize > 0 {
+			s.handleBatch(s.linger(l, msgs, size))
+		} else {
+			s.handle(msgs[0])
+		}
 	}
 }
 
-// marker reports whether km is a transaction marker, not an event: it has
-// the marker's shape and no event ID.
-func (s *session) marker(km kafka.Message) bool {
-	if !isControlRecord(km) {
-		return false
+// linger waits up to BatchLinger for the batch to fill up.
+func (s *session) linger(l *lane, batch []*consumer.Message, size int) []*consumer.Message {
+	if len(batch) >= size {
+		return batch
 	}
-	if id, err := s.c.cfg.Processor.ID(fromKafka(km)); err == nil && id != "" {
-		return false
-	}
-	s.c.log.Debug("justonce kafka: skipping a transaction marker", "topic", km.Topic, "partition", km.Partition, "offset", km.Offset)
-	return true
-}
-
-// route picks the worker of a message: by partition, or by partition and
-// key, so that what must stay ordered stays on one worker.
-func (s *session) route(km kafka.Message) int {
-	n := uint32(len(s.queues))
-	if n == 1 {
-		return 0
-	}
-	h := uint32(2166136261) // FNV-1a
-	mix := func(b byte) { h ^= uint32(b); h *= 16777619 }
-	for i := 0; i < len(km.Topic); i++ {
-		mix(km.Topic[i])
-	}
-	if s.c.cfg.Ordering == ByKey && len(km.Key) > 0 {
-		for p, i := uint32(km.Partition), 0; i < 4; i, p = i+1, p>>8 {
-			mix(byte(p))
+	t := time.NewTimer(s.c.cfg.BatchLinger)
+	defer t.Stop()
+	for len(batch) < size {
+		select {
+		case <-l.more:
+			s.mu.Lock()
+			batch = append(batch, s.pop(l, size-len(batch))...)
+			s.mu.Unlock()
+		case <-t.C:
+			return batch
+		case <-s.stopping:
+			return batch
 		}
-		for _, b := range km.Key {
-			mix(b)
-		}
-		return int(h % n)
 	}
-	return int((h + uint32(km.Partition)) % n)
+	return batch
 }
 
 func (s *session) stopped() bool {
@@ -313,83 +412,112 @@ func (s *session) stopped() bool {
 	}
 }
 
-// work processes one queue's messages in order until shutdown. Messages
-// still queued at shutdown are left pending.
-func (s *session) work(q chan *consumer.Message) {
-	for !s.stopped() {
-		var m *consumer.Message
-		select {
-		case <-s.stopping:
-			return
-		case m = <-q:
-		}
-		if s.c.cfg.BatchSize > 0 {
-			s.handleBatch(s.gather(q, m))
-		} else {
-			s.handle(m)
-		}
+// attempt runs f in one of the Concurrency slots; false (f not run) when
+// the consumer is stopping.
+func (s *session) attempt(f func()) bool {
+	select {
+	case s.slots <- struct{}{}:
+	case <-s.stopping:
+		return false
 	}
+	defer func() { <-s.slots }()
+	if s.stopped() {
+		return false
+	}
+	f()
+	return true
 }
 
-// gather collects up to BatchSize messages, waiting at most BatchLinger
-// for more once it has the first.
-func (s *session) gather(q chan *consumer.Message, first *consumer.Message) []*consumer.Message {
-	batch := []*consumer.Message{first}
-	size := s.c.cfg.BatchSize
-	if size <= 1 {
-		return batch
+// process makes one attempt at m in a slot; Stop when the consumer is
+// stopping.
+func (s *session) process(m *consumer.Message) consumer.Decision {
+	var d consumer.Decision
+	if !s.attempt(func() { d = s.c.proc.Process(s.procCtx, m) }) {
+		return consumer.Decision{Action: consumer.Stop, Err: context.Canceled}
 	}
-	// Take what is already queued without waiting.
-	for len(batch) < size {
-		select {
-		case m := <-q:
-			batch = append(batch, m)
-			continue
-		default:
-		}
-		break
-	}
-	if len(batch) == size {
-		return batch
-	}
-	linger := time.NewTimer(s.c.cfg.BatchLinger)
-	defer linger.Stop()
-	for len(batch) < size {
-		select {
-		case m := <-q:
-			batch = append(batch, m)
-		case <-linger.C:
-			return batch
-		case <-s.stopping:
-			return batch
-		}
-	}
-	return batch
+	return d
 }
 
 // handle runs one message to its end: done, dead-lettered, or stopped.
 func (s *session) handle(m *consumer.Message) {
-	d := s.c.proc.Process(s.procCtx, m)
-	s.settle(m, s.retryInPlace(m, d, time.Now()))
+	marker, ok := s.marker(m)
+	switch {
+	case !ok:
+		return // stopping: left pending
+	case marker:
+		s.tr.done(topicPartition{m.Topic, m.Partition}, m.Offset)
+		return
+	}
+	d := s.process(m)
+	s.settle(m, s.retry(m, d, time.Now()))
 }
 
-// handleBatch runs a batch in one transaction, then retries in place,
-// in order, the messages that need it; their offsets (and every later one
-// of their partition) stay uncommitted until they are done.
+// handleBatch runs a batch in one transaction, then retries, in order, the
+// messages that need it; their offsets (and every later one of their
+// partition) stay uncommitted until they are done.
 func (s *session) handleBatch(batch []*consumer.Message) {
-	ds := s.c.proc.ProcessBatch(s.procCtx, batch)
+	events := batch[:0:0]
+	for _, m := range batch {
+		marker, ok := s.marker(m)
+		switch {
+		case !ok:
+			return // stopping: the rest is left pending
+		case marker:
+			s.tr.done(topicPartition{m.Topic, m.Partition}, m.Offset)
+		default:
+			events = append(events, m)
+		}
+	}
+	if len(events) == 0 {
+		return
+	}
+	var ds []consumer.Decision
+	if !s.attempt(func() { ds = s.c.proc.ProcessBatch(s.procCtx, events) }) {
+		return
+	}
 	decided := time.Now()
-	for i, m := range batch {
-		s.settle(m, s.retryInPlace(m, ds[i], decided))
+	for i, m := range events {
+		s.settle(m, s.retry(m, ds[i], decided))
 	}
 }
 
-// retryInPlace repeats the attempts of a message that must be retried,
-// waiting each decision's delay (counted from when it was decided), until
-// it is acked or the consumer is shutting down. Like
+// marker reports whether m is a transaction marker, which is skipped: it
+// has the marker's shape and the broker says its batch is a control batch.
+// A plain record of the same shape is not a marker: it runs, or without an
+// event ID follows the no-ID policy (dead letter, or Processor.AllowNoID).
+// ok is false when the consumer stopped before the broker answered.
+func (s *session) marker(m *consumer.Message) (marker, ok bool) {
+	km, _ := m.Raw.(kafka.Message)
+	if !looksLikeMarker(km) {
+		return false, true
+	}
+	tp := topicPartition{m.Topic, m.Partition}
+	failing := false
+	for {
+		ctl, err := s.ctl.isControl(s.procCtx, tp, m.Offset)
+		if err == nil {
+			if ctl {
+				s.c.log.Debug("justonce kafka: skipping a transaction marker", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
+			}
+			return ctl, true
+		}
+		if !failing {
+			s.c.log.Warn("justonce kafka: cannot tell whether a record is a transaction marker; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
+			failing = true
+		}
+		if !s.sleep(500 * time.Millisecond) {
+			return false, false
+		}
+	}
+}
+
+// retry repeats the attempts of a message that must be retried, waiting
+// each decision's delay (counted from when it was decided) without holding
+// a slot, until it is acked or the consumer is shutting down. Like
 // consumer.Processor.ProcessWithRetry, but a shutdown stops the waiting
-// without cancelling the attempt in progress.
-func (s *session) retryInPlace(m *consumer.Message, d consumer.Decision, decided time.Time) consumer.Decision {
+// without cancelling the attempt in progress, and the slot is free during
+// the wait.
+func (s *session) retry(m *consumer.Message, d consumer.Decision, decided time.Time) consumer.Decision {
 	for d.Action == consumer.Retry {
 		if d.Counted {
 			m.Attempt++
@@ -397,7 +525,7 @@ func (s *session) retryInPlace(m *consumer.Message, d consumer.Decision, decided
 		if !s.sleep(d.Delay - time.Since(decided)) {
 			return consumer.Decision{Action: consumer.Stop, Err: d.Err}
 		}
-		d = s.c.proc.Process(s.procCtx, m)
+		d = s.process(m)
 		decided = time.Now()
 	}
 	return d

@@ -51,16 +51,3 @@ func toKafkaHeaders(hs []consumer.Header) []kafka.Header {
 	}
 	return out
 }
-
-// isControlRecord reports whether km has the shape of a transaction marker
-// (the COMMIT or ABORT record a transactional producer leaves behind):
-// no headers, a 4-byte key (version 0, type 0 or 1) and a 6-byte value
-// (version 0, coordinator epoch). kafka-go v0.4.x hands these out as
-// ordinary messages, with either isolation level
-// (segmentio/kafka-go#1332, #1446); they are not events.
-func isControlRecord(km kafka.Message) bool {
-	k, v := km.Key, km.Value
-	return len(km.Headers) == 0 &&
-		len(k) == 4 && k[0] == 0 && k[1] == 0 && k[2] == 0 && k[3] <= 1 &&
-		len(v) == 6 && v[0] == 0 && v[1] == 0
-}

@@ -48,14 +48,15 @@ type partitionRange struct {
 // position up to where each partition ended when the replay was opened, with
 // plain partition readers: it joins no consumer group and commits nothing,
 // so live consumers are not disturbed. It implements consumer.ReplaySource.
-// Transaction markers are skipped. A ReplaySource is not safe for
+// Transaction markers are skipped (records of the same shape are not). A ReplaySource is not safe for
 // concurrent use.
 type ReplaySource struct {
 	cfg    ReplayConfig
 	ranges []partitionRange
-	i      int           // current range
-	next   int64         // next offset of the current range
-	r      *kafka.Reader // reader of the current range, nil before it starts
+	i      int             // current range
+	next   int64           // next offset of the current range
+	r      *kafka.Reader   // reader of the current range, nil before it starts
+	ctl    *controlChecker // nil until a record looks like a marker
 }
 
 var _ consumer.ReplaySource = (*ReplaySource)(nil)
@@ -168,18 +169,33 @@ func (s *ReplaySource) Next(ctx context.Context) (*consumer.Message, error) {
 			return nil, fmt.Errorf("justonce/kafkainbox: replay: partition %d: %w", rg.partition, err)
 		}
 		s.next = km.Offset + 1
-		if km.Offset >= rg.end || isControlRecord(km) {
+		if km.Offset >= rg.end {
 			continue
+		}
+		if looksLikeMarker(km) {
+			if s.ctl == nil {
+				s.ctl = newControlChecker(s.cfg.Brokers, s.cfg.Dialer)
+			}
+			ctl, err := s.ctl.isControl(ctx, topicPartition{km.Topic, km.Partition}, km.Offset)
+			if err != nil {
+				return nil, fmt.Errorf("justonce/kafkainbox: replay: partition %d: telling a transaction marker from a record at offset %d: %w", rg.partition, km.Offset, err)
+			}
+			if ctl {
+				continue
+			}
 		}
 		return fromKafka(km), nil
 	}
 	return nil, io.EOF
 }
 
-// Close releases the current partition reader. Call it when a replay ends
-// early; at io.EOF nothing is left open.
+// Close releases the current partition reader and idle connections. Call
+// it when a replay ends; at io.EOF no reader is left open.
 func (s *ReplaySource) Close() error {
 	s.closeReader()
+	if s.ctl != nil {
+		s.ctl.close()
+	}
 	return nil
 }
 

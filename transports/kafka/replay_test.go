@@ -5,7 +5,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/consumer"
@@ -80,29 +79,4 @@ func TestReplayRunsOnlyTheMissing(t *testing.T) {
 		behind += v
 	}
 	require.EqualValues(t, 10+30, behind, "replays commit nothing")
-}
-
-// kafka-go hands transaction markers out as messages; they are skipped, not
-// dead-lettered, and the commit passes them.
-func TestTransactionMarkersSkipped(t *testing.T) {
-	t.Parallel()
-	brokers := testsvc.KafkaBrokers(t)
-	fx := newFixture(t)
-	topic := newTopic(t, brokers, 1)
-	group := "g-" + topic
-	// The shape kafka-go v0.4.51 gives a COMMIT marker written by a Java
-	// transactional producer on Kafka 4.1 (key version 0 type 1, value
-	// version 0 and the coordinator epoch, no headers).
-	marker := kafka.Message{Key: []byte{0, 0, 0, 1}, Value: []byte{0, 0, 0, 0, 0, 0}}
-	msgs := append(events("m", 0, 5, 1), marker)
-	msgs = append(msgs, events("m", 5, 10, 1)...)
-	publish(t, brokers, topic, append(msgs, marker)...)
-
-	stop := start(t, kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: fx.processor()}, fx.insert)
-	testsvc.Eventually(t, 60*time.Second, func() bool { return fx.effects(t) >= 10 }, "events run")
-	waitNoLag(t, brokers, group, topic)
-	stop()
-	fx.assertExactlyOnce(t, 10)
-	require.Zero(t, fx.deadLetts.Load(), "markers are not dead-lettered")
-	require.Empty(t, readAll(t, brokers, topic+kafkainbox.DefaultDeadLetterSuffix))
 }
