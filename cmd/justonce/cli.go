@@ -18,6 +18,9 @@ const (
 	exitFailure  = 1
 	exitUsage    = 2
 	exitNotFound = 3
+	// exitCacheStale: ledger release changed Postgres, but the Redis
+	// replay cache could not be invalidated.
+	exitCacheStale = 4
 )
 
 // app is what every command shares: its output and its environment.
@@ -254,7 +257,8 @@ Environment:
   JUSTONCE_SCHEMA   schema holding processed_events (--schema)
   REDIS_URL         Redis of the replay cache, for ledger release (--redis-url)
 
-Exit codes: 0 ok, 1 error (database unreachable, ...), 2 usage error, 3 key not found.
+Exit codes: 0 ok, 1 error (database unreachable, ...), 2 usage error, 3 key not found,
+4 released in Postgres but the Redis replay cache could not be invalidated.
 `)
 	}
 }

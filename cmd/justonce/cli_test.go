@@ -318,10 +318,16 @@ func TestBinary(t *testing.T) {
 			r := b.must("ledger", "release", "payments", "stuck-lease-0001")
 			require.Contains(t, r.stdout, "released payments//stuc****0001 (was processing, lease ")
 			require.Contains(t, r.stdout, "ran out")
+			// Without --redis-url the cache was not touched, and it says so.
+			require.Contains(t, r.stdout, "Redis replay cache: not checked (no --redis-url)")
 			require.Equal(t, exitNotFound, b.run("ledger", "show", "payments", "stuck-lease-0001").code)
 			r = b.run("ledger", "release", "payments", "stuck-lease-0001")
 			require.Equal(t, exitNotFound, r.code, "%s", r)
 			require.Contains(t, r.stderr, "no row for key")
+			require.Contains(t, r.stdout, "nothing released")
+			rel := releaseOut(t, b.run("ledger", "release", "payments", "stuck-lease-0001", "--json"), exitNotFound)
+			require.Equal(t, releaseJSON{Scope: "payments", ID: "stuc****0001", Released: false, Was: "absent",
+				Cache: "not_checked", Error: "no row for key payments//stuc****0001"}, rel)
 			// The key is new again, and the old holder's fencing token is stale.
 			lease2, out, err := l.Acquire(ctx, stuck, time.Minute)
 			require.NoError(t, err)
@@ -335,8 +341,8 @@ func TestBinary(t *testing.T) {
 			require.Equal(t, exitUsage, r.code, "%s", r)
 			require.Contains(t, r.stderr, "--force")
 			require.Equal(t, 1, pg.Count(t, "SELECT count(*) FROM processed_events WHERE event_id = 'done-2'"))
-			r = b.must("ledger", "release", "billing", "done-2", "--force")
-			require.Contains(t, r.stdout, "(was done)")
+			rel = releaseOut(t, b.run("ledger", "release", "billing", "done-2", "--force", "--json"), exitOK)
+			require.Equal(t, releaseJSON{Scope: "billing", ID: "******", Released: true, Was: "done", Cache: "not_checked"}, rel)
 			require.Equal(t, 0, pg.Count(t, "SELECT count(*) FROM processed_events WHERE event_id = 'done-2'"))
 
 			// A failed key is released at once; the next delivery runs.
@@ -400,6 +406,7 @@ func TestBinary(t *testing.T) {
 		r := b.with("REDIS_URL=redis://"+addr+"/0").must("ledger", "release", "http:/orders", "order-key-0002",
 			"--tenant", "t1", "--force", "--redis-prefix", prefix)
 		require.Contains(t, r.stdout, "released http:/orders/t1/orde****0002")
+		require.Contains(t, r.stdout, "Redis replay cache: invalidated")
 		out, err = l.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "http:/orders", Tenant: "t1", ID: "order-key-0002"}}, noop)
 		require.NoError(t, err)
 		require.Equal(t, inbox.Executed, out.Disposition, "neither Postgres nor the cache remembers the key")
@@ -408,8 +415,66 @@ func TestBinary(t *testing.T) {
 		do(t, l, inbox.Request{Key: inbox.Key{Scope: "http:/orders", ID: "order-key-0003"}}, inbox.Result{})
 		r = b.run("ledger", "release", "http:/orders", "order-key-0003", "--force", "--redis-url", "redis://127.0.0.1:1/0")
 		require.Equal(t, exitFailure, r.code, "%s", r)
-		require.Contains(t, r.stderr, "cannot reach Redis")
+		require.Contains(t, r.stderr, "cannot reach Redis, nothing was changed")
 		require.Equal(t, 1, pg.Count(t, "SELECT count(*) FROM processed_events WHERE event_id = 'order-key-0003'"))
+	})
+
+	// ReleaseRedisRefuses: a Redis that answers the connection check but
+	// refuses the release's commands (an ACL user without the right to
+	// read or delete keys). Refused before the row is touched: nothing is
+	// released, exit 1. Refused after: the row is released, the output
+	// says the cache was not invalidated, exit 4, and indeed the
+	// application's cache still answers.
+	t.Run("ReleaseRedisRefuses", func(t *testing.T) {
+		t.Parallel()
+		pg := testsvc.Postgres(t)
+		rp := testsvc.StartRedis(t)
+		rc := testsvc.NewRedisClient(rp.Addr)
+		t.Cleanup(func() { _ = rc.Close() })
+		ctx := context.Background()
+		require.NoError(t, rc.Do(ctx, "ACL", "SETUSER", "noread", "on", ">pw", "~*", "+@connection").Err())
+		require.NoError(t, rc.Do(ctx, "ACL", "SETUSER", "nodel", "on", ">pw", "~*", "+@connection", "+pttl").Err())
+		b := newBinary(t, "DATABASE_URL="+pg.URL, "JUSTONCE_SCHEMA="+pg.Schema)
+		l, err := inbox.New(pg.Pool, inbox.Config{Schema: pg.Schema, Redis: &inbox.RedisConfig{Client: rc}})
+		require.NoError(t, err)
+		req := inbox.Request{Key: inbox.Key{Scope: "http:/orders", ID: "order-key-0004"}, Source: inbox.SourceHTTP}
+		do(t, l, req, inbox.Result{Code: 201})
+		out, err := l.Do(ctx, req, noop)
+		require.NoError(t, err)
+		require.True(t, out.Cached)
+		count := func() int {
+			return pg.Count(t, "SELECT count(*) FROM processed_events WHERE event_id = 'order-key-0004'")
+		}
+
+		r := b.run("ledger", "release", "http:/orders", "order-key-0004", "--force", "--redis-url", "redis://noread:pw@"+rp.Addr+"/0")
+		require.Equal(t, exitFailure, r.code, "%s", r)
+		require.Contains(t, r.stderr, "Redis did not answer, nothing released")
+		require.Contains(t, r.stdout, "Redis replay cache: unavailable; nothing was released")
+		require.NotContains(t, r.stdout, "released http")
+		require.Equal(t, 1, count())
+
+		r = b.run("ledger", "release", "http:/orders", "order-key-0004", "--force", "--redis-url", "redis://nodel:pw@"+rp.Addr+"/0")
+		require.Equal(t, exitCacheStale, r.code, "%s", r)
+		require.Contains(t, r.stdout, "released http:/orders//orde****0004 (was done)")
+		require.Contains(t, r.stdout, "Redis replay cache: NOT invalidated")
+		require.Contains(t, r.stderr, "released http:/orders//orde****0004 in Postgres, but the Redis replay cache could not be invalidated")
+		require.Contains(t, r.stderr, "NOPERM")
+		require.Equal(t, 0, count())
+		out, err = l.Do(ctx, req, noop)
+		require.NoError(t, err)
+		require.True(t, out.Cached, "what the command warned about: the cache still answers")
+
+		// JSON says the same; run again with a Redis that may delete, and the
+		// cache is clean.
+		rel := releaseOut(t, b.run("ledger", "release", "http:/orders", "order-key-0004", "--json", "--redis-url", "redis://nodel:pw@"+rp.Addr+"/0"), exitCacheStale)
+		require.False(t, rel.Released)
+		require.Equal(t, "stale", rel.Cache)
+		require.Contains(t, rel.Error, "no row for http:/orders//orde****0004 in Postgres, but the Redis replay cache could not be invalidated")
+		rel = releaseOut(t, b.run("ledger", "release", "http:/orders", "order-key-0004", "--json", "--redis-url", "redis://"+rp.Addr+"/0"), exitNotFound)
+		require.Equal(t, "invalidated", rel.Cache)
+		out, err = l.Do(ctx, req, noop)
+		require.NoError(t, err)
+		require.Equal(t, inbox.Executed, out.Disposition)
 	})
 
 	t.Run("Errors", func(t *testing.T) {
@@ -465,7 +530,7 @@ func TestBinary(t *testing.T) {
 			"migrate status": {"--json"},
 			"ledger stats":   {"--json"},
 			"ledger show":    {"<scope> <id>", "--tenant", "--reveal", "--json"},
-			"ledger release": {"<scope> <id>", "--tenant", "--force", "--redis-url", "(env REDIS_URL)", "--redis-prefix"},
+			"ledger release": {"<scope> <id>", "--tenant", "--force", "--redis-url", "(env REDIS_URL)", "--redis-prefix", "--json", "Exits 3"},
 			"ledger purge":   {"--expired", "--batch", "(default 1000)"},
 		}
 		for name, wants := range leaves {
@@ -491,6 +556,16 @@ func TestBinary(t *testing.T) {
 }
 
 func noop(context.Context, pgx.Tx) (inbox.Result, error) { return inbox.Result{}, nil }
+
+// releaseOut parses the JSON of ledger release --json, which is printed
+// whatever the exit code, and checks the code.
+func releaseOut(t *testing.T, r result, code int) releaseJSON {
+	t.Helper()
+	require.Equal(t, code, r.code, "%s", r)
+	var rel releaseJSON
+	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rel), "%s", r)
+	return rel
+}
 
 // do runs req to completion with result res.
 func do(t *testing.T, l *inbox.Ledger, req inbox.Request, res inbox.Result) {

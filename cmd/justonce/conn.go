@@ -131,7 +131,7 @@ func (r *redisFlags) open(ctx context.Context) (*inbox.RedisConfig, error) {
 	defer cancel()
 	if err := c.Ping(pctx).Err(); err != nil {
 		_ = c.Close()
-		return nil, fmt.Errorf("cannot reach Redis: %w", err)
+		return nil, fmt.Errorf("cannot reach Redis, nothing was changed: %w", err)
 	}
 	return &inbox.RedisConfig{Client: c, Prefix: r.prefix, Timeout: 5 * time.Second}, nil
 }

@@ -13,7 +13,7 @@
 //	justonce ledger show <scope> <id> [--tenant T] [--reveal] [--json]
 //	                                          one key: status, source, attempts, fencing
 //	                                          token, lease, timestamps, result code and size, error
-//	justonce ledger release <scope> <id> [--tenant T] [--force] [--redis-url URL]
+//	justonce ledger release <scope> <id> [--tenant T] [--force] [--redis-url URL] [--json]
 //	                                          free a stuck (processing) or failed key
 //	justonce ledger purge --expired [--batch N] [--pause D] [--json]
 //	                                          delete expired rows in batches
@@ -48,6 +48,9 @@
 //	2  usage error: unknown command or flag, missing or extra argument, invalid key,
 //	   missing --database-url, missing confirmation (--yes, --force, --expired)
 //	3  not found: ledger show or ledger release of a key with no row
+//	4  ledger release deleted the row in Postgres (or found none), but the
+//	   Redis replay cache could not be invalidated: a cached result may be
+//	   replayed until it expires there; run it again once Redis answers
 //
 // # JSON output
 //
@@ -62,7 +65,12 @@
 // result_code, result_headers, result_body_bytes, fingerprint (hex), error);
 // times are RFC 3339 in UTC, null when unset. migrate status prints
 // {"schema","version","latest","pending"}, ledger purge
-// {"deleted","batches","busy"}.
+// {"deleted","batches","busy"}, ledger release
+// {"scope","tenant","id" (masked),"released","was","cache","error"}, where
+// was is the row's state before (done, failed, processing, expired, absent)
+// and cache is invalidated, not_checked (no --redis-url), stale (not
+// invalidated) or unavailable (Redis did not answer, nothing released); it
+// is printed also when the command exits 3 or 4.
 //
 // # Adding commands
 //

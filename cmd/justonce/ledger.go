@@ -58,7 +58,13 @@ lets its effect happen twice.
 When the application uses the Redis replay cache, give --redis-url (and
 --redis-prefix if it sets one) so that the cached result is dropped too;
 otherwise a cached result may still be replayed until it expires there.
-Exits 3 when there is no row for the key.`,
+With --redis-url nothing is released while Redis does not answer.
+
+The output says what happened to the row (released, or no row) and to the
+cache (invalidated; not checked, without --redis-url; or not invalidated).
+Exits 3 when there is no row for the key, and 4 when the row was released
+but the cached result could not be deleted from Redis (run the command again
+once Redis answers).`,
 				setup: ledgerRelease,
 			},
 			{
@@ -303,11 +309,38 @@ func ledgerShow(f *flags) runFunc {
 	}
 }
 
+// Cache states of a release, as printed.
+const (
+	cacheInvalidated = "invalidated" // the key's cached result and lock are gone from Redis
+	cacheNotChecked  = "not_checked" // no --redis-url: the cache was not touched
+	cacheStale       = "stale"       // Postgres done, the cache could not be invalidated
+	cacheUnavailable = "unavailable" // Redis did not answer: nothing was changed
+)
+
+type releaseJSON struct {
+	Scope  string `json:"scope"`
+	Tenant string `json:"tenant"`
+	ID     string `json:"id"` // masked
+	// Released: a row was deleted in Postgres.
+	Released bool `json:"released"`
+	// Was: the row's state before ("done", "failed", "processing",
+	// "expired"), or "absent".
+	Was string `json:"was"`
+	// Cache: what happened to the Redis replay cache: "invalidated",
+	// "not_checked" (no --redis-url given), "stale" (could not be
+	// invalidated: a cached result may be replayed until it expires) or
+	// "unavailable" (Redis did not answer; nothing was released).
+	Cache string `json:"cache"`
+	// Error: why the command failed, if it did.
+	Error string `json:"error,omitempty"`
+}
+
 func ledgerRelease(f *flags) runFunc {
 	db := addDBFlags(f)
 	rc := addRedisFlags(f)
 	tenant := f.String("tenant", "", "`tenant` of the key; empty: no tenant")
 	force := f.Bool("force", false, "release a key that is done, letting its effect happen again")
+	asJSON := f.Bool("json", false, "print JSON")
 	return func(ctx context.Context, a *app, args []string) error {
 		k, err := keyArg(args, *tenant)
 		if err != nil {
@@ -319,32 +352,79 @@ func ledgerRelease(f *flags) runFunc {
 		}
 		defer done()
 		now := time.Now()
-		was := "expired"
+		was, wasText := "absent", "absent"
 		rec, err := l.Lookup(ctx, k)
 		switch {
 		case err == nil && rec.Status == inbox.StatusDone && !*force:
 			return usageErrorf("key %s is done: releasing it lets its effect happen again; pass --force if that is meant", keyText(k, false))
 		case err == nil:
-			was = string(rec.Status)
+			was, wasText = string(rec.Status), string(rec.Status)
 			if rec.Status == inbox.StatusProcessing && !rec.LeaseUntil.IsZero() {
-				was += ", lease " + leaseText(rec.LeaseUntil, now)
+				wasText += ", lease " + leaseText(rec.LeaseUntil, now)
 			}
 		case !errors.Is(err, inbox.ErrNotFound):
 			return err
 		}
-		ok, err := l.Release(ctx, k)
-		if err != nil && ok {
-			return fmt.Errorf("released %s in Postgres, but the Redis replay cache could not be invalidated: %w; "+
-				"its cached result may be replayed until it expires there", keyText(k, false), err)
+		ok, rerr := l.Release(ctx, k)
+		out := releaseJSON{Scope: k.Scope, Tenant: k.Tenant, ID: inbox.Mask(k.ID), Released: ok, Was: was, Cache: cacheNotChecked}
+		if ok && was == "absent" {
+			// The row had expired between the lookup and the release.
+			out.Was, wasText = "expired", "expired"
 		}
-		if err != nil {
-			return err
+		if rc.url != "" {
+			out.Cache = cacheInvalidated
 		}
-		if !ok {
-			return notFoundErrorf("no row for key %s", keyText(k, false))
+		redisErr := rerr
+		var ce *inbox.CacheError
+		if errors.As(rerr, &ce) {
+			redisErr = ce.Err
 		}
-		fmt.Fprintf(a.stdout, "released %s (was %s): the next delivery or request with this key runs again\n", keyText(k, false), was)
-		return nil
+		var fail error
+		switch {
+		case errors.Is(rerr, inbox.ErrCacheStale):
+			out.Cache = cacheStale
+			what := "released " + keyText(k, false) + " in Postgres"
+			if !ok {
+				what = "no row for " + keyText(k, false) + " in Postgres"
+			}
+			fail = &exitError{code: exitCacheStale, err: fmt.Errorf("%s, but the Redis replay cache could not be invalidated: %w; "+
+				"a cached result may be replayed until it expires there (run this command again once Redis answers)", what, redisErr)}
+		case errors.Is(rerr, inbox.ErrCacheUnavailable):
+			out.Cache = cacheUnavailable
+			fail = fmt.Errorf("Redis did not answer, nothing released: %w", redisErr)
+		case rerr != nil:
+			// Nothing was changed: the row is where it was, the cache
+			// untouched.
+			return rerr
+		case !ok:
+			fail = notFoundErrorf("no row for key %s", keyText(k, false))
+		}
+		if fail != nil {
+			out.Error = fail.Error()
+		}
+		if *asJSON {
+			if err := writeJSON(a.stdout, out); err != nil {
+				return err
+			}
+			return fail
+		}
+		if ok {
+			fmt.Fprintf(a.stdout, "released %s (was %s): the next delivery or request with this key runs again\n", keyText(k, false), wasText)
+		} else if out.Cache != cacheUnavailable {
+			fmt.Fprintf(a.stdout, "no row for %s in Postgres: nothing released\n", keyText(k, false))
+		}
+		switch out.Cache {
+		case cacheInvalidated:
+			fmt.Fprintln(a.stdout, "Redis replay cache: invalidated (the cached result and lock of the key are gone)")
+		case cacheNotChecked:
+			fmt.Fprintln(a.stdout, "Redis replay cache: not checked (no --redis-url); if the application uses one, "+
+				"its cached result may be replayed until it expires there")
+		case cacheStale:
+			fmt.Fprintln(a.stdout, "Redis replay cache: NOT invalidated; its cached result may be replayed until it expires there")
+		case cacheUnavailable:
+			fmt.Fprintln(a.stdout, "Redis replay cache: unavailable; nothing was released")
+		}
+		return fail
 	}
 }
 
