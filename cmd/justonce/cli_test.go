@@ -448,7 +448,7 @@ func TestBinary(t *testing.T) {
 
 		r := b.run("ledger", "release", "http:/orders", "order-key-0004", "--force", "--redis-url", "redis://noread:pw@"+rp.Addr+"/0")
 		require.Equal(t, exitFailure, r.code, "%s", r)
-		require.Contains(t, r.stderr, "Redis did not answer, nothing released")
+		require.Contains(t, r.stderr, "the Redis replay cache did not answer, nothing released")
 		require.Contains(t, r.stdout, "Redis replay cache: unavailable; nothing was released")
 		require.NotContains(t, r.stdout, "released http")
 		require.Equal(t, 1, count())

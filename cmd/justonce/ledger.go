@@ -391,7 +391,7 @@ func ledgerRelease(f *flags) runFunc {
 				"a cached result may be replayed until it expires there (run this command again once Redis answers)", what, redisErr)}
 		case errors.Is(rerr, inbox.ErrCacheUnavailable):
 			out.Cache = cacheUnavailable
-			fail = fmt.Errorf("Redis did not answer, nothing released: %w", redisErr)
+			fail = fmt.Errorf("the Redis replay cache did not answer, nothing released: %w", redisErr)
 		case rerr != nil:
 			// Nothing was changed: the row is where it was, the cache
 			// untouched.
