@@ -1,8 +1,11 @@
 // Package transporttest is the delivery-guarantee suite every transport
 // adapter must pass (like Watermill's pubsub/tests): duplicates run once,
-// poison messages are dead-lettered while the rest flows, batch mode keeps
-// the same guarantees, a restarted or shared consumer group loses and
-// doubles nothing. It runs against real brokers and a real Postgres.
+// poison messages are dead-lettered while the rest flows, hostile handlers
+// (one that ignores a SQL error, one whose deferred constraint fails at
+// COMMIT) never get a message acked without its effect, batch mode keeps
+// the same guarantees, a consumer stopped mid-stream and restarted, or a
+// shared consumer group, loses and doubles nothing. It runs against real
+// brokers and a real Postgres.
 //
 // An adapter implements Harness and calls Run from a test.
 package transporttest
@@ -11,6 +14,7 @@ import (
 	"context"
 	"errors"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -81,9 +85,13 @@ func Run(t *testing.T, h Harness, f Features) {
 	t.Run("PoisonDeadLettered", func(t *testing.T) { testPoison(t, h, 0) })
 	t.Run("NoIDDeadLettered", func(t *testing.T) { testNoID(t, h) })
 	t.Run("RestartLosesNothing", func(t *testing.T) { testRestart(t, h) })
+	t.Run("SwallowedSQLError", func(t *testing.T) { testSwallowed(t, h, 0) })
+	t.Run("DeferredConstraintAtCommit", func(t *testing.T) { testDeferred(t, h, 0) })
 	if f.Batch {
 		t.Run("BatchDuplicatesRunOnce", func(t *testing.T) { testDuplicates(t, h, 50) })
 		t.Run("BatchPoisonDeadLettered", func(t *testing.T) { testPoison(t, h, 20) })
+		t.Run("BatchSwallowedSQLError", func(t *testing.T) { testSwallowed(t, h, 20) })
+		t.Run("BatchDeferredConstraintAtCommit", func(t *testing.T) { testDeferred(t, h, 20) })
 	}
 	if f.SharedGroup {
 		t.Run("SharedGroupRunsOnce", func(t *testing.T) { testSharedGroup(t, h) })
@@ -231,12 +239,54 @@ func testRestart(t *testing.T, h Harness) {
 	h.Publish(t, topic, ids("r", 0, n))
 	group := "g-" + topic
 	scope := "restart-" + topic
-	// Stop the first consumer mid-stream, several times over.
+	// Stop the consumer mid-stream, several times over: once the handler
+	// has been called target times, every later call waits at a barrier,
+	// so that when stop is called some but not all messages are done and
+	// at least one handler is running. The barrier opens right after stop
+	// is called; a graceful stop finishes the handlers it was waiting for.
+	var calls atomic.Int64
 	for round := 0; round < 3; round++ {
-		stop := h.Start(t, topic, group, fx.options(scope, fx.insert))
 		target := int64((round + 1) * n / 4)
-		testsvc.Eventually(t, 60*time.Second, func() bool { return fx.runs.Load() >= target }, "progress in round %d", round)
-		stop()
+		release := make(chan struct{})
+		var heldMu sync.Mutex
+		var held []string
+		opts := fx.options(scope, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if calls.Add(1) > target {
+				heldMu.Lock()
+				held = append(held, m.ID)
+				heldMu.Unlock()
+				<-release
+			}
+			return fx.insert(ctx, tx, m)
+		})
+		stop := h.Start(t, topic, group, opts)
+		heldNow := func() []string {
+			heldMu.Lock()
+			defer heldMu.Unlock()
+			return append([]string(nil), held...)
+		}
+		testsvc.Eventually(t, 60*time.Second, func() bool { return len(heldNow()) > 0 },
+			"round %d: a handler waits at the barrier after %d calls", round, target)
+		done := fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`)
+		require.Positive(t, done, "round %d: some messages were done before the stop", round)
+		require.Less(t, done, n, "round %d: not all messages were done before the stop", round)
+		running := heldNow()
+
+		stopped := make(chan struct{})
+		go func() {
+			defer close(stopped)
+			stop()
+		}()
+		close(release)
+		select {
+		case <-stopped:
+		case <-time.After(60 * time.Second):
+			t.Fatalf("round %d: stop did not return within 60s", round)
+		}
+		for _, id := range running {
+			require.Equal(t, 1, fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, id),
+				"round %d: the handler of %s, running at the stop, was finished and committed", round, id)
+		}
 	}
 	// Produce more while nobody consumes, including redelivered IDs.
 	h.Publish(t, topic, ids("r", n-50, n+100))
@@ -246,6 +296,134 @@ func testRestart(t *testing.T, h Harness) {
 	}, "everything processed after restarts")
 	stop()
 	fx.assertExactlyOnce(t, n+100)
+}
+
+// hostileFixture is a fixture with the tables hostile handlers break:
+// uniq, whose one row a handler inserts again; child, whose deferred
+// foreign key fails at COMMIT.
+func hostileFixture(t *testing.T) *fixture {
+	fx := newFixture(t)
+	fx.pg.Exec(t, `CREATE TABLE uniq (n int PRIMARY KEY)`)
+	fx.pg.Exec(t, `INSERT INTO uniq VALUES (1)`)
+	fx.pg.Exec(t, `CREATE TABLE parent (id text PRIMARY KEY)`)
+	fx.pg.Exec(t, `CREATE TABLE child (parent text REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)`)
+	return fx
+}
+
+// requireFailed checks that id was dead-lettered once after 3 attempts
+// with a cause containing one of causes, recorded failed, and has no
+// effect.
+func (fx *fixture) requireFailed(t *testing.T, h Harness, topic, id string, causes ...string) {
+	t.Helper()
+	var dls []DeadLetter
+	for _, dl := range h.DeadLetters(t, topic) {
+		if dl.ID == id {
+			dls = append(dls, dl)
+		}
+	}
+	require.Len(t, dls, 1, "%s dead-lettered once", id)
+	require.Equal(t, "3", dls[0].Headers[consumer.HeaderDLAttempts], "%s dead-lettered after MaxAttempts", id)
+	cause := dls[0].Headers[consumer.HeaderDLError]
+	found := false
+	for _, c := range causes {
+		found = found || strings.Contains(cause, c)
+	}
+	require.True(t, found, "dead-letter cause %q names one of %q", cause, causes)
+	require.Equal(t, 1, fx.pg.Count(t, `SELECT count(*) FROM processed_events WHERE status = 'failed' AND event_id = $1`, id),
+		"%s recorded failed", id)
+	require.Equal(t, 0, fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, id), "%s has no effect", id)
+}
+
+// testSwallowed: a handler ignores a SQL error (a unique violation) and
+// returns success, which leaves its transaction aborted. Its message must
+// never be acked without its effect: the ones that behave on their retry
+// end with their effect once, the one that never behaves is dead-lettered
+// after MaxAttempts and recorded failed; the others flow.
+func testSwallowed(t *testing.T, h Harness, batch int) {
+	fx := hostileFixture(t)
+	topic := h.NewTopic(t)
+	good := ids("ok", 0, 30)
+	once := []string{"swallow-once-0", "swallow-once-1", "swallow-once-2"}
+	const always = "swallow-always"
+	var all []Msg
+	for i, m := range good {
+		all = append(all, m)
+		if i%10 == 5 {
+			id := once[i/10]
+			all = append(all, Msg{ID: id, Key: "0", Value: []byte(id)})
+		}
+		if i == 15 {
+			all = append(all, Msg{ID: always, Key: "0", Value: []byte(always)})
+		}
+	}
+	h.Publish(t, topic, all)
+
+	var mu sync.Mutex
+	runs := map[string]int{}
+	opts := fx.options("swallow-"+topic, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		mu.Lock()
+		runs[m.ID]++
+		k := runs[m.ID]
+		mu.Unlock()
+		if m.ID == always || (strings.HasPrefix(m.ID, "swallow-once") && k == 1) {
+			_, _ = tx.Exec(ctx, `INSERT INTO effects (event_id, value) VALUES ($1, $2)`, m.ID, m.Value)
+			_, _ = tx.Exec(ctx, `INSERT INTO uniq VALUES (1)`) // 23505, ignored
+			return nil
+		}
+		return fx.insert(ctx, tx, m)
+	})
+	opts.Batch = batch
+	stop := h.Start(t, topic, "g-"+topic, opts)
+	want := len(good) + len(once)
+	testsvc.Eventually(t, 60*time.Second, func() bool {
+		return fx.pg.Count(t, `SELECT count(*) FROM effects`) >= want && len(h.DeadLetters(t, topic)) >= 1
+	}, "every message ends: with its effect, or dead-lettered")
+	stop()
+	fx.assertExactlyOnce(t, want)
+	for _, id := range once {
+		require.Equal(t, 1, fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, id), id)
+		mu.Lock()
+		require.GreaterOrEqual(t, runs[id], 2, "%s: its effect came from a real retry", id)
+		mu.Unlock()
+	}
+	fx.requireFailed(t, h, topic, always, "aborted", "ROLLBACK")
+	require.Len(t, h.DeadLetters(t, topic), 1, "only the hostile message is dead-lettered")
+}
+
+// testDeferred: a handler's deferred constraint fails at COMMIT every
+// time. That is the handler's failure, not the database's: counted,
+// dead-lettered after MaxAttempts and recorded failed, while the messages
+// behind it (same key, same Kafka partition) keep flowing.
+func testDeferred(t *testing.T, h Harness, batch int) {
+	fx := hostileFixture(t)
+	topic := h.NewTopic(t)
+	good := ids("ok", 0, 40)
+	const bad = "deferred-fk"
+	all := append(append(append([]Msg{}, good[:20]...), Msg{ID: bad, Key: "0", Value: []byte(bad)}), good[20:]...)
+	h.Publish(t, topic, all)
+
+	var badRuns atomic.Int64
+	opts := fx.options("deferred-"+topic, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID != bad {
+			return fx.insert(ctx, tx, m)
+		}
+		badRuns.Add(1)
+		if _, err := tx.Exec(ctx, `INSERT INTO effects (event_id, value) VALUES ($1, $2)`, m.ID, m.Value); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `INSERT INTO child VALUES ('no such parent')`) // checked at COMMIT
+		return err
+	})
+	opts.Batch = batch
+	stop := h.Start(t, topic, "g-"+topic, opts)
+	testsvc.Eventually(t, 60*time.Second, func() bool {
+		return fx.pg.Count(t, `SELECT count(*) FROM effects`) >= len(good) && len(h.DeadLetters(t, topic)) >= 1
+	}, "the good messages run and the failing one is dead-lettered")
+	stop()
+	fx.assertExactlyOnce(t, len(good))
+	fx.requireFailed(t, h, topic, bad, "23503")
+	require.GreaterOrEqual(t, badRuns.Load(), int64(3))
+	require.Len(t, h.DeadLetters(t, topic), 1)
 }
 
 func testSharedGroup(t *testing.T, h Harness) {
