@@ -387,7 +387,9 @@ func (p *Processor) transient(ctx context.Context, m *Message, err error, ran bo
 		if m.Uncounted > p.cfg.MaxUncounted {
 			err = fmt.Errorf("%w (retried %d times without counting an attempt)", err, m.Uncounted-1)
 			d := p.fail(ctx, m, err, ran)
-			d.Delay = max(d.Delay, delay)
+			if d.Action == Retry {
+				d.Delay = max(d.Delay, delay)
+			}
 			return d
 		}
 	}

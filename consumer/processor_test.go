@@ -220,14 +220,18 @@ func TestBatchIsolatesPoison(t *testing.T) {
 	require.Equal(t, 10, f.pg.Count(t, `SELECT count(*) FROM effects`))
 	require.Equal(t, 10, f.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`))
 
-	// All new and healthy: one transaction, every message executed.
+	// All new and healthy: one transaction, every message executed, and
+	// the handler called once per message (no split into single runs).
 	var batch []*consumer.Message
 	for i := 20; i < 30; i++ {
 		batch = append(batch, msg(fmt.Sprintf("e%d", i)))
 	}
+	before := f.runs.Load()
 	for _, d := range p.ProcessBatch(ctx, batch) {
 		require.Equal(t, inbox.Executed, d.Outcome.Disposition)
+		require.True(t, d.HandlerRan)
 	}
+	require.EqualValues(t, 10, f.runs.Load()-before)
 	require.Equal(t, 20, f.pg.Count(t, `SELECT count(*) FROM effects`))
 }
 
