@@ -5,6 +5,7 @@ package kafkainbox_test
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"os"
@@ -34,14 +35,28 @@ const (
 	helperTopic   = "JUSTONCE_KAFKA_HELPER_TOPIC"
 	helperGroup   = "JUSTONCE_KAFKA_HELPER_GROUP"
 	helperBatch   = "JUSTONCE_KAFKA_HELPER_BATCH"
+	helperGate    = "JUSTONCE_KAFKA_HELPER_GATE"
 )
 
-// TestHelperProcess is not a test: it is the consumer process that
-// TestKilledConsumerLosesAndDoublesNothing runs (this test binary, run again)
-// and kills. Without the helper environment it returns at once.
-func TestHelperProcess(t *testing.T) {
-	if os.Getenv(helperEnv) != "1" {
-		return
+// TestMain runs this test binary as the consumer process that
+// TestKilledConsumerLosesAndDoublesNothing starts and kills, when the helper
+// environment is set; otherwise it runs the tests.
+func TestMain(m *testing.M) {
+	if os.Getenv(helperEnv) == "1" {
+		os.Exit(consumerProcess())
+	}
+	os.Exit(m.Run())
+}
+
+// consumerProcess is a consumer with the package's default group timings.
+// Its handler inserts the effect, then takes the shared advisory lock
+// helperGate inside the transaction: while the test holds that lock
+// exclusively, handlers wait in flight, their effects written and not
+// committed.
+func consumerProcess() int {
+	fail := func(err error) int {
+		fmt.Fprintln(os.Stderr, "consumer process:", err)
+		return 1
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer cancel()
@@ -49,12 +64,22 @@ func TestHelperProcess(t *testing.T) {
 	defer cancelTimeout()
 
 	pool, err := pgxpool.New(ctx, os.Getenv(helperPG))
-	require.NoError(t, err)
+	if err != nil {
+		return fail(err)
+	}
 	defer pool.Close()
 	ledger, err := inbox.New(pool, inbox.Config{})
-	require.NoError(t, err)
+	if err != nil {
+		return fail(err)
+	}
 	batch, err := strconv.Atoi(os.Getenv(helperBatch))
-	require.NoError(t, err)
+	if err != nil {
+		return fail(err)
+	}
+	gate, err := strconv.ParseInt(os.Getenv(helperGate), 10, 64)
+	if err != nil {
+		return fail(err)
+	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c, err := kafkainbox.New(kafkainbox.Config{
 		Brokers:     strings.Split(os.Getenv(helperBrokers), ","),
@@ -63,20 +88,26 @@ func TestHelperProcess(t *testing.T) {
 		Processor:   consumer.Config{Ledger: ledger, Logger: log},
 		Concurrency: 2,
 		BatchSize:   batch,
-		Reader:      tuneReader,
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		time.Sleep(time.Millisecond) // a handler that takes a little while
-		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, value, part, off) VALUES ($1, $2, $3, $4)`, m.ID, m.Value, m.Partition, m.Offset)
+		if _, err := tx.Exec(ctx, `INSERT INTO effects (event_id, value, part, off) VALUES ($1, $2, $3, $4)`, m.ID, m.Value, m.Partition, m.Offset); err != nil {
+			return err
+		}
+		_, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock_shared($1)`, gate)
 		return err
 	})
-	require.NoError(t, err)
-	require.NoError(t, c.Run(ctx))
+	if err != nil {
+		return fail(err)
+	}
+	if err := c.Run(ctx); err != nil {
+		return fail(err)
+	}
+	return 0
 }
 
 // helperProcess starts the consumer subprocess.
-func helperProcess(t *testing.T, fx *fixture, brokers []string, topic, group string, batch int) (*exec.Cmd, *bytes.Buffer) {
+func helperProcess(t *testing.T, fx *fixture, brokers []string, topic, group string, batch int, gate int64) (*exec.Cmd, *bytes.Buffer) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestHelperProcess$", "-test.count=1")
+	cmd := exec.Command(os.Args[0])
 	cmd.Env = append(os.Environ(),
 		helperEnv+"=1",
 		helperPG+"="+fx.pg.URL,
@@ -84,6 +115,7 @@ func helperProcess(t *testing.T, fx *fixture, brokers []string, topic, group str
 		helperTopic+"="+topic,
 		helperGroup+"="+group,
 		helperBatch+"="+strconv.Itoa(batch),
+		helperGate+"="+strconv.FormatInt(gate, 10),
 	)
 	var out bytes.Buffer
 	cmd.Stdout, cmd.Stderr = &out, &out
@@ -92,9 +124,17 @@ func helperProcess(t *testing.T, fx *fixture, brokers []string, topic, group str
 	return cmd, &out
 }
 
-// A consumer process killed with SIGKILL at random points mid-stream, and
+// gateWaiters counts the transactions waiting for the advisory lock gate.
+func gateWaiters(t *testing.T, fx *fixture, gate int64) int {
+	return fx.pg.Count(t, `SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND NOT granted AND classid = 0 AND objid = $1 AND objsubid = 1`, gate)
+}
+
+// A consumer process killed with SIGKILL mid-stream, with handlers in
+// flight (their effects written, their transactions not committed), and
 // restarted, several times over: 0 lost, 0 doubled; per event and in batch
-// mode.
+// mode. The process uses the package's default group timings: each restart
+// consumes again within seconds of the kill, not after kafka-go's 30 s
+// session timeout.
 func TestKilledConsumerLosesAndDoublesNothing(t *testing.T) {
 	t.Parallel()
 	t.Run("PerEvent", func(t *testing.T) {
@@ -107,6 +147,11 @@ func TestKilledConsumerLosesAndDoublesNothing(t *testing.T) {
 	})
 }
 
+// restartBound is how soon a consumer restarted after SIGKILL must have its
+// first effect: the default session timeout (10 s) plus a rebalance; with
+// kafka-go's own default it would be over 30 s.
+const restartBound = 15 * time.Second
+
 func testKilled(t *testing.T, batch int) {
 	brokers := testsvc.KafkaBrokers(t)
 	fx := newFixture(t)
@@ -114,6 +159,20 @@ func testKilled(t *testing.T, batch int) {
 	group := "g-" + topic
 	const n, more = 4000, 1000
 	publish(t, brokers, topic, events("k", 0, n, 40)...)
+	gate := 1 + rand.Int64N(1<<31-1) // one advisory lock key per test
+
+	// The test's hold on the gate: a connection of its own.
+	lockConn, err := pgx.Connect(context.Background(), fx.pg.URL)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = lockConn.Close(context.Background()) })
+	closeGate := func() {
+		_, err := lockConn.Exec(context.Background(), `SELECT pg_advisory_lock($1)`, gate)
+		require.NoError(t, err)
+	}
+	openGate := func() {
+		_, err := lockConn.Exec(context.Background(), `SELECT pg_advisory_unlock($1)`, gate)
+		require.NoError(t, err)
+	}
 
 	var logs []string
 	var mu sync.Mutex
@@ -127,19 +186,31 @@ func testKilled(t *testing.T, batch int) {
 		}
 	})
 	const kills = 4
+	var restarts []time.Duration
 	for round := 0; round < kills; round++ {
 		before := fx.effects(t)
-		cmd, out := helperProcess(t, fx, brokers, topic, group, batch)
-		// Wait for it to join (after the killed member's session expired)
-		// and make progress, then kill it at a random point.
+		started := time.Now()
+		cmd, out := helperProcess(t, fx, brokers, topic, group, batch, gate)
+		testsvc.Eventually(t, 90*time.Second, func() bool { return fx.effects(t) > before }, "round %d: first effect", round)
+		if round > 0 {
+			// Started right after the previous process was killed.
+			took := time.Since(started)
+			restarts = append(restarts, took)
+			require.Less(t, took, restartBound, "round %d: consuming again after a SIGKILL took %s", round, took)
+		}
 		testsvc.Eventually(t, 90*time.Second, func() bool { return fx.effects(t) >= before+150 }, "round %d: progress", round)
-		time.Sleep(rand.N(400 * time.Millisecond))
+		time.Sleep(rand.N(400 * time.Millisecond)) // a random point in the stream
+		// Hold the handlers in flight, then kill.
+		closeGate()
+		testsvc.Eventually(t, 30*time.Second, func() bool { return gateWaiters(t, fx, gate) >= 1 }, "round %d: a handler in flight", round)
+		inFlight := gateWaiters(t, fx, gate)
 		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
 		_ = cmd.Wait()
+		openGate()
 		mu.Lock()
 		logs = append(logs, out.String())
 		mu.Unlock()
-		t.Logf("round %d: killed with %d effects", round, fx.effects(t))
+		t.Logf("round %d: killed with %d handlers in flight and %d effects committed", round, inFlight, fx.effects(t))
 		if round == 1 {
 			// More events while nobody consumes, with IDs seen before.
 			publish(t, brokers, topic, events("k", n, n+more, 40)...)
@@ -149,17 +220,23 @@ func testKilled(t *testing.T, batch int) {
 	require.Less(t, fx.effects(t), n+more, "the kills must land mid-stream")
 
 	// The last process runs to the end and stops gracefully.
-	cmd, out := helperProcess(t, fx, brokers, topic, group, batch)
+	started := time.Now()
+	before := fx.effects(t)
+	cmd, out := helperProcess(t, fx, brokers, topic, group, batch, gate)
+	testsvc.Eventually(t, 90*time.Second, func() bool { return fx.effects(t) > before }, "last round: first effect")
+	restarts = append(restarts, time.Since(started))
+	require.Less(t, restarts[len(restarts)-1], restartBound, "last round: consuming again after a SIGKILL")
 	testsvc.Eventually(t, 120*time.Second, func() bool {
 		return fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`) >= n+more
 	}, "everything processed after the kills")
 	waitNoLag(t, brokers, group, topic)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	err := cmd.Wait()
+	err = cmd.Wait()
 	mu.Lock()
 	logs = append(logs, out.String())
 	mu.Unlock()
 	require.NoError(t, err, "graceful exit")
 
 	fx.assertExactlyOnce(t, n+more)
+	t.Logf("restart after SIGKILL to first effect: %v", restarts)
 }
