@@ -8,11 +8,15 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math/rand/v2"
 	"net/http"
 	"runtime/debug"
+	"strings"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/justonce/justonce/inbox"
 )
@@ -106,12 +110,8 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	fp := fingerprint(r, body, h.rt.FingerprintHeaders)
-	id := key
-	if h.rt.Mismatch == MismatchNewRequest {
-		id = key + "~" + base64.RawURLEncoding.EncodeToString(fp[1:13])
-	}
 	req := inbox.Request{
-		Key:         inbox.Key{Scope: h.rt.Scope, ID: id},
+		Key:         inbox.Key{Scope: h.rt.Scope, ID: key},
 		Fingerprint: fp,
 		Source:      inbox.SourceHTTP,
 		TTL:         h.rt.TTL,
@@ -122,6 +122,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 	if s.Principal != nil {
 		req.Principal = s.Principal(r)
+	}
+	if h.rt.PrincipalKeys == PrincipalIsolated && req.Principal != "" {
+		req.ID = PrincipalKeyID(key, req.Principal)
+	}
+	if h.rt.Mismatch == MismatchNewRequest {
+		req.ID += "~" + base64.RawURLEncoding.EncodeToString(fp[1:13])
 	}
 	if err := s.Ledger.Validate(req); err != nil {
 		var ke *inbox.KeyError
@@ -176,7 +182,7 @@ func (h *handler) serveTx(ctx context.Context, w http.ResponseWriter, r *http.Re
 	case errors.Is(err, errTooLarge):
 		h.tooLarge(w, req, resp, "it was rolled back: nothing was done, and the key is free")
 	case err != nil:
-		h.s.storeFailure(w, req, err)
+		h.s.txFailure(w, req, resp, err)
 	case out.Disposition == inbox.Executed:
 		writeResponse(w, resp.code, resp.header, resp.body)
 	default:
@@ -196,8 +202,13 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 		s.answer(w, req, out)
 		return
 	}
+	// The lease is kept alive until its end is recorded, not only while
+	// the handler runs: a lease that lapsed while its completion was being
+	// retried would let a retry run the effect again.
+	lost, stopKeepAlive := lease.KeepAlive(context.WithoutCancel(ctx))
+	stop := sync.OnceFunc(stopKeepAlive)
+	defer stop()
 	runCtx, cancelRun := context.WithCancel(ctx)
-	lost, stop := lease.KeepAlive(runCtx)
 	go func() {
 		select {
 		case <-lost:
@@ -207,12 +218,12 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 	}()
 	r2 := withBody(r.WithContext(context.WithValue(runCtx, tokenKey, lease.Token())), body)
 	resp, pv := h.run(r2)
-	stop()
 	cancelRun()
 
 	fctx, fcancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
 	defer fcancel()
 	release := func() {
+		stop()
 		if err := lease.Release(fctx); err != nil {
 			s.Logger.Warn("justonce/httpbridge: lease not released; it will expire", "key", req.Key.String(), "err", err)
 		}
@@ -224,6 +235,7 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 	case resp.size > int64(len(resp.body)):
 		// The effect happened outside the database and cannot be undone:
 		// keep the key from running it again.
+		stop()
 		cause := fmt.Errorf("response of %d bytes is over the %d-byte store cap", resp.size, h.rt.MaxResponseBytes)
 		if err := lease.Fail(fctx, cause); err != nil {
 			s.Logger.Warn("justonce/httpbridge: lease not marked failed", "key", req.Key.String(), "err", err)
@@ -239,18 +251,82 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 			s.storeFailure(w, req, err)
 			return
 		}
-		if err := lease.Complete(fctx, res); err != nil {
-			if errors.Is(err, inbox.ErrLeaseLost) {
-				s.Logger.Error("justonce/httpbridge: lease lost while the handler ran", "key", req.Key.String())
-				writeProblem(w, ProblemLeaseLost, http.StatusInternalServerError,
-					"the handler outlived its lease; another attempt may have taken the key over")
-				return
-			}
+		err = h.complete(ctx, lease, res, lost)
+		stop()
+		switch {
+		case err == nil:
+			writeResponse(w, resp.code, resp.header, resp.body)
+		case errors.Is(err, inbox.ErrLeaseLost):
+			s.Logger.Error("justonce/httpbridge: lease lost while the handler ran", "key", req.Key.String(), "err", err)
+			writeProblem(w, ProblemLeaseLost, http.StatusInternalServerError,
+				"the handler outlived its lease; another attempt may have taken the key over")
+		case errors.Is(err, errCompleteGaveUp):
+			s.Logger.Error("justonce/httpbridge: lease-mode result not recorded; the key runs again once its lease expires",
+				"key", req.Key.String(), "err", err)
+			writeProblem(w, ProblemStoreUnavailable, http.StatusServiceUnavailable,
+				"the operation ran, but the idempotency store was unavailable to record its result; a retry with the same key "+
+					"gets 409 until the lease expires, then runs the operation again under a new fencing token",
+				"Retry-After", s.retryAfter)
+		default:
 			s.storeFailure(w, req, err)
-			return
 		}
-		writeResponse(w, resp.code, resp.header, resp.body)
 	}
+}
+
+// errCompleteGaveUp: a lease-mode result could not be recorded before the
+// bridge stopped retrying.
+var errCompleteGaveUp = errors.New("httpbridge: gave up recording a lease-mode result")
+
+// complete records a lease-mode result. The effect has happened, and
+// recording it is what keeps it from running again, so a transient failure
+// is retried (with backoff, while KeepAlive renews the lease) until it
+// succeeds, fails for good, the lease is lost, or Config.HandlerTimeout
+// has passed since the handler ended.
+func (h *handler) complete(ctx context.Context, lease *inbox.Lease, res inbox.Result, lost <-chan struct{}) error {
+	s := h.s
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.HandlerTimeout)
+	defer cancel()
+	backoff := 20 * time.Millisecond
+	var last error
+	for {
+		err := lease.Complete(wctx, res)
+		if err != nil && last != nil && errors.Is(err, inbox.ErrLeaseLost) && h.completedBy(wctx, lease) {
+			// An earlier attempt committed and only its answer was lost.
+			return nil
+		}
+		if err != nil && wctx.Err() != nil {
+			return fmt.Errorf("%w: %w (last error: %w)", errCompleteGaveUp, wctx.Err(), err)
+		}
+		if err == nil || !inbox.IsTransient(err) {
+			return err
+		}
+		last = err
+		s.Logger.Warn("justonce/httpbridge: recording a lease-mode result failed, will retry",
+			"key", lease.Key().String(), "err", err)
+		t := time.NewTimer(backoff/2 + rand.N(backoff))
+		select {
+		case <-wctx.Done():
+			t.Stop()
+			return fmt.Errorf("%w: %w (last error: %w)", errCompleteGaveUp, wctx.Err(), err)
+		case <-lost:
+			t.Stop()
+			if h.completedBy(wctx, lease) {
+				return nil
+			}
+			return fmt.Errorf("%w: while its result was being recorded (last error: %v)", inbox.ErrLeaseLost, err)
+		case <-t.C:
+		}
+		if backoff < time.Second {
+			backoff *= 2
+		}
+	}
+}
+
+// completedBy reports whether the key is done under this lease's token:
+// a completion whose answer was lost did commit.
+func (h *handler) completedBy(ctx context.Context, lease *inbox.Lease) bool {
+	rec, err := h.s.Ledger.Lookup(ctx, lease.Key())
+	return err == nil && rec.Status == inbox.StatusDone && rec.FencingToken == lease.Token()
 }
 
 // keylessTx is a plain transaction handed to a handler of a request without
@@ -272,7 +348,7 @@ func (h *handler) serveKeyless(w http.ResponseWriter, r *http.Request) {
 	ctx := r.Context()
 	tx, err := s.Ledger.Pool().Begin(ctx)
 	if err != nil {
-		s.storeFailure(w, inbox.Request{Key: inbox.Key{Scope: h.rt.Scope}}, err)
+		s.storeFailure(w, inbox.Request{Key: inbox.Key{Scope: h.rt.Scope}}, &inbox.StoreError{Op: "begin", Err: err})
 		return
 	}
 	rollback := func() {
@@ -294,7 +370,7 @@ func (h *handler) serveKeyless(w http.ResponseWriter, r *http.Request) {
 	default:
 		if err := tx.Commit(ctx); err != nil {
 			rollback()
-			s.storeFailure(w, inbox.Request{Key: inbox.Key{Scope: h.rt.Scope}}, err)
+			s.txFailure(w, inbox.Request{Key: inbox.Key{Scope: h.rt.Scope}}, resp, &inbox.StoreError{Op: "commit", Err: err})
 			return
 		}
 		writeResponse(w, resp.code, resp.header, resp.body)
@@ -501,6 +577,43 @@ func sourceName(s string) string {
 		return "an earlier attempt"
 	}
 	return "the " + s + " path"
+}
+
+// txFailure answers the error of a transactional request: the handler's
+// transaction that did not commit for a cause of its own is the handler's
+// failure (500 not-committed, nothing stored, key free); anything else is
+// a store failure.
+func (s *settings) txFailure(w http.ResponseWriter, req inbox.Request, resp buffered, err error) {
+	detail, ok := notCommitted(err)
+	if !ok {
+		s.storeFailure(w, req, err)
+		return
+	}
+	s.Logger.Error("justonce/httpbridge: the handler's transaction did not commit; nothing stored, key released",
+		"key", req.Key.String(), "status", resp.code, "err", err)
+	writeProblem(w, ProblemNotCommitted, http.StatusInternalServerError, detail)
+}
+
+// notCommitted reports whether err says that the handler's transaction
+// failed for a cause of its own, not the database's availability, and the
+// detail to answer. SQL details stay in the log.
+func notCommitted(err error) (string, bool) {
+	const after = "; nothing was done or stored, and a retry with the same key runs the operation again"
+	if inbox.IsTransient(err) {
+		return "", false
+	}
+	if errors.Is(err, inbox.ErrRolledBack) || errors.Is(err, pgx.ErrTxCommitRollback) {
+		return "the handler answered success, but a statement in its transaction had failed, so the transaction rolled back" + after, true
+	}
+	var se *inbox.StoreError
+	var pgErr *pgconn.PgError
+	if errors.As(err, &se) && se.Op == "commit" && errors.As(err, &pgErr) {
+		if strings.HasPrefix(pgErr.Code, "23") {
+			return "the database refused to commit the handler's transaction: a constraint checked at commit failed" + after, true
+		}
+		return "the database refused to commit the handler's transaction" + after, true
+	}
+	return "", false
 }
 
 // storeFailure answers a ledger or database error: 503 when the store is

@@ -2,6 +2,8 @@ package httpbridge
 
 import (
 	"crypto/aes"
+	"crypto/sha256"
+	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -47,15 +49,21 @@ type Config struct {
 	AltHeaders []string
 	// MaxKeyLen is the longest key accepted, in bytes (1 to 255). Default
 	// 255. Routes with MismatchNewRequest accept at most 238 (the ledger ID
-	// also holds a fingerprint suffix).
+	// also holds a fingerprint suffix), routes isolating keys per principal
+	// at most 231, and 214 with both.
 	MaxKeyLen int
 
 	// Tenant returns the request's tenant, typically from the auth context
 	// an earlier middleware put in r.Context(). Keys never match across
 	// tenants. Nil: no tenants (""), which is also what consumers use.
 	Tenant func(r *http.Request) string
-	// Principal returns who sent the request, recorded in the ledger for
-	// audit. Nil: nothing recorded.
+	// Principal returns who sent the request (a user or API client ID),
+	// typically from the auth context. It is recorded in the ledger for
+	// audit and, by default, isolates keys per principal: a key replays
+	// only to the principal that first sent it, and another principal's
+	// request with the same key runs on its own (see
+	// RouteConfig.PrincipalKeys). Nil, or "" for a request: keys are shared
+	// by every caller of the tenant, as they are with consumers.
 	Principal func(r *http.Request) string
 
 	// ReplayHeader is set to "true" on replayed responses. Default
@@ -110,8 +118,7 @@ const (
 	// KeyUUID accepts only UUIDs (8-4-4-4-12 hex digits, any version),
 	// compared case-insensitively.
 	KeyUUID
-	// KeyUUIDv4 accepts only version 4 UUIDs (seed 004's rule), compared
-	// case-insensitively.
+	// KeyUUIDv4 accepts only version 4 UUIDs, compared case-insensitively.
 	KeyUUIDv4
 )
 
@@ -124,11 +131,56 @@ const (
 	// MismatchReject answers 422 (key-reused), as the IETF draft says.
 	MismatchReject MismatchPolicy = iota
 	// MismatchNewRequest treats the same key with another request as a new
-	// request (seed 004's rule): the fingerprint becomes part of the ledger
-	// ID. Such a route cannot share keys with consumers, whose IDs carry no
-	// fingerprint.
+	// request: the fingerprint becomes part of the ledger ID. Such a route
+	// cannot share keys with consumers, whose IDs carry no fingerprint.
 	MismatchNewRequest
 )
+
+// PrincipalPolicy says whether a route's keys are isolated per principal
+// (Config.Principal).
+type PrincipalPolicy uint8
+
+// Principal policies.
+const (
+	// PrincipalIsolated (the default) gives each principal its own key
+	// space, like per-account keys in payment APIs: the ledger ID of a
+	// request with a principal is PrincipalKeyID(key, principal). A key
+	// replays only to the principal that sent it; another principal's
+	// request with the same key and body runs on its own, and its answer
+	// does not depend on whether the key exists for someone else, so it
+	// learns nothing about other principals' keys. Requests without a
+	// principal ("") keep the plain key. Such a route shares keys with a
+	// consumer only for requests without a principal.
+	//
+	// No refusal mode is offered: refusing a key because another principal
+	// holds it would tell the caller that the key exists.
+	PrincipalIsolated PrincipalPolicy = iota
+	// PrincipalShared keys requests by the key alone: any principal of the
+	// tenant that sends the same key and request gets the stored response.
+	// The principal is recorded for audit only. Use it for a route whose
+	// keys are shared with a consumer (the event ID is the plain key), or
+	// where several principals legitimately retry one operation.
+	PrincipalShared
+)
+
+// principalSep separates the key from the principal's digest in the
+// ledger ID. Keys are printable ASCII, so no key contains it: a principal's
+// ID never equals a plain key.
+const principalSep = "\u00b7"
+
+// principalSuffixLen is what principal isolation appends to the key in the
+// ledger ID: the separator (2 bytes) and 22 base64url characters.
+const principalSuffixLen = 24
+
+// PrincipalKeyID returns the ledger ID under which a route with
+// PrincipalIsolated records key for principal: the key, U+00B7 and the
+// first 16 bytes of SHA-256(principal) in unpadded base64url. Use it to
+// find or release such a key (Ledger.Lookup, Ledger.Release, the CLI).
+// Routes with MismatchNewRequest append a fingerprint suffix after it.
+func PrincipalKeyID(key, principal string) string {
+	sum := sha256.Sum256([]byte(principal))
+	return key + principalSep + base64.RawURLEncoding.EncodeToString(sum[:16])
+}
 
 // RouteConfig configures one route (or group of routes). Its zero values
 // are the defaults; Scope is required. To share settings between routes,
@@ -184,9 +236,14 @@ type RouteConfig struct {
 	// mid-handler lets the lease expire and a retry runs the handler again,
 	// so the effect must itself be idempotent or fenced.
 	Lease bool
-	// LeaseDuration of lease-mode routes; renewed while the handler runs.
-	// 0: the ledger's default (30 s).
+	// LeaseDuration of lease-mode routes; renewed while the handler runs
+	// and while its result is recorded. 0: the ledger's default (30 s).
 	LeaseDuration time.Duration
+	// PrincipalKeys says whether keys are isolated per principal when
+	// Config.Principal names one. Default PrincipalIsolated; such routes
+	// accept keys of at most 231 bytes (214 with MismatchNewRequest), as
+	// the ledger ID also holds the principal's digest.
+	PrincipalKeys PrincipalPolicy
 }
 
 // DefaultStore is the default storage policy: 2xx, 3xx and 4xx responses
@@ -281,6 +338,9 @@ func (rc RouteConfig) Validate() error {
 	}
 	if rc.Mismatch > MismatchNewRequest {
 		return configErr("unknown MismatchPolicy %d", rc.Mismatch)
+	}
+	if rc.PrincipalKeys > PrincipalShared {
+		return configErr("unknown PrincipalPolicy %d", rc.PrincipalKeys)
 	}
 	for _, h := range rc.FingerprintHeaders {
 		if !validHeaderName(h) {
@@ -388,9 +448,14 @@ func newRoute(rc RouteConfig, s *settings) route {
 	for _, m := range rc.Methods {
 		rt.methods[m] = true
 	}
-	if rc.Mismatch == MismatchNewRequest && rt.maxKeyLen > 255-newRequestSuffixLen {
-		rt.maxKeyLen = 255 - newRequestSuffixLen
+	limit := 255
+	if rc.Mismatch == MismatchNewRequest {
+		limit -= newRequestSuffixLen
 	}
+	if s.Principal != nil && rc.PrincipalKeys == PrincipalIsolated {
+		limit -= principalSuffixLen
+	}
+	rt.maxKeyLen = min(rt.maxKeyLen, limit)
 	return rt
 }
 

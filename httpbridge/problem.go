@@ -37,6 +37,14 @@ const (
 	// ProblemResponseTooLarge (500): the handler's response is over the
 	// route's MaxResponseBytes, so it could not be stored.
 	ProblemResponseTooLarge = problemBase + "response-too-large"
+	// ProblemNotCommitted (500): the handler answered success, but its
+	// transaction did not commit: a statement in it had failed and the
+	// handler went on anyway (the transaction was aborted, so COMMIT rolled
+	// back), or the database refused the commit (a deferred constraint).
+	// Nothing was done or stored and the key is free: a retry with the same
+	// key runs the operation again. It is the handler's failure, like a 5xx
+	// it answers itself.
+	ProblemNotCommitted = problemBase + "not-committed"
 	// ProblemReplayUnavailable (500): the stored response cannot be
 	// decrypted (its key ID is no longer configured).
 	ProblemReplayUnavailable = problemBase + "replay-unavailable"
@@ -66,6 +74,7 @@ var problemTitles = map[string]string{
 	ProblemKeyFailed:         "Operation failed",
 	ProblemQuotaExceeded:     "Too many live Idempotency-Keys",
 	ProblemResponseTooLarge:  "Response too large to store",
+	ProblemNotCommitted:      "Operation not committed",
 	ProblemReplayUnavailable: "Stored response unavailable",
 	ProblemLeaseLost:         "Lease lost",
 	ProblemStoreUnavailable:  "Idempotency store unavailable",
