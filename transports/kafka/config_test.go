@@ -3,6 +3,7 @@ package kafkainbox_test
 import (
 	"context"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -38,6 +39,7 @@ func TestConfig(t *testing.T) {
 		"negative workers":  func(c *kafkainbox.Config) { c.Concurrency = -1 },
 		"bad ordering":      func(c *kafkainbox.Config) { c.Ordering = 9 },
 		"negative batch":    func(c *kafkainbox.Config) { c.BatchSize = -1 },
+		"negative buffer":   func(c *kafkainbox.Config) { c.MaxBuffered = -1 },
 		"negative interval": func(c *kafkainbox.Config) { c.CommitInterval = -1 },
 		"dlq is the topic":  func(c *kafkainbox.Config) { c.DeadLetterTopic = "orders" },
 		"writer with topic": func(c *kafkainbox.Config) { c.DeadLetterWriter = &kafka.Writer{Topic: "x"} },
@@ -60,13 +62,28 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, 1, got.Concurrency)
 	require.Equal(t, kafkainbox.DefaultCommitInterval, got.CommitInterval)
 	require.Equal(t, kafkainbox.DefaultShutdownTimeout, got.ShutdownTimeout)
+	require.Equal(t, kafkainbox.DefaultMaxBuffered, got.MaxBuffered)
 	id, err := got.Processor.ID(&consumer.Message{Headers: []consumer.Header{{Key: "ce_id", Value: []byte("x")}}})
 	require.NoError(t, err)
 	require.Equal(t, "x", id, "CloudEvents ce_id by default")
 
-	// Run once.
+	// The group timings given to kafka-go, seen by Config.Reader.
+	var rc kafka.ReaderConfig
+	withReader := valid
+	withReader.Reader = func(r *kafka.ReaderConfig) { rc = *r }
+	c2, err := kafkainbox.New(withReader, func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
+	require.NoError(t, c2.Run(ctx))
+	require.Equal(t, kafkainbox.DefaultSessionTimeout, rc.SessionTimeout)
+	require.Equal(t, kafkainbox.DefaultRebalanceTimeout, rc.RebalanceTimeout)
+	require.Equal(t, kafkainbox.DefaultHeartbeatInterval, rc.HeartbeatInterval)
+	require.Equal(t, kafkainbox.DefaultJoinGroupBackoff, rc.JoinGroupBackoff)
+	require.LessOrEqual(t, 3*rc.HeartbeatInterval, rc.SessionTimeout, "heartbeat within a third of the session")
+	require.GreaterOrEqual(t, rc.SessionTimeout, 6*time.Second, "within the brokers' default group.min.session.timeout.ms")
+
+	// Run once.
 	require.NoError(t, c.Run(ctx))
 	require.ErrorIs(t, c.Run(ctx), kafkainbox.ErrRunOnce)
 }

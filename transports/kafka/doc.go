@@ -34,12 +34,24 @@
 //     before the next one runs. Config.Concurrency and Config.Ordering allow
 //     parallelism across partitions or across keys; the commit watermark of
 //     each partition then waits for the slowest message below it.
+//   - One bad message holds up only what must wait for it: the messages
+//     behind it in its partition (or its key, with ByKey). While it waits
+//     between attempts it holds no Concurrency slot, so the other partitions
+//     go on, even with Concurrency 1, until Config.MaxBuffered fetched
+//     messages are waiting; fetching then pauses until the bad message is
+//     done, which takes at most its retry budget (Processor.MaxAttempts
+//     counted failures, with backoff). A handler error, a panic, a data or
+//     constraint error, a transaction the handler left aborted, or a
+//     deferred constraint failing at COMMIT counts as a failed attempt.
 //   - After Processor.MaxAttempts failed attempts (or at once for a
-//     consumer.Permanent error, or a message without an ID) the message is
-//     published to the dead-letter topic (default "<topic>.dlq") with the
-//     consumer.DeadLetterHeaders (error, attempts, origin topic, partition,
-//     offset, event ID, scope, time), recorded as failed in the ledger, and
-//     its offset committed: the messages behind it go on.
+//     consumer.Permanent error) the message is published to the dead-letter
+//     topic (default "<topic>.dlq") with the consumer.DeadLetterHeaders
+//     (error, attempts, origin topic, partition, offset, event ID, scope,
+//     time), recorded as failed in the ledger, and its offset committed: the
+//     messages behind it go on.
+//   - A record without an event ID is dead-lettered at once (nothing can
+//     dedupe it), or with Processor.AllowNoID run in a plain transaction,
+//     without dedupe. It is never skipped.
 //   - Batch mode (Config.BatchSize) claims up to BatchSize fetched messages
 //     in one statement and runs the new ones in one transaction; a failing
 //     message is isolated and retried on its own, the others are kept. A
@@ -56,12 +68,32 @@
 // group and commits nothing.
 //
 // Transactional producers: kafka-go v0.4.51 hands out transaction markers
-// as messages and does not filter aborted records, whatever the
-// IsolationLevel (segmentio/kafka-go#1332). Markers (no headers, the
-// marker's 4-byte key and 6-byte value, no event ID) are skipped and their
-// offsets committed; records of aborted transactions are delivered and run
-// like any other, so do not consume topics whose producers abort
-// transactions unless running those records is acceptable.
+// (the COMMIT and ABORT control records) as messages, whatever the
+// IsolationLevel, and gives no way to tell them from records. A fetched
+// message that has a marker's shape (no headers, a 4-byte key with version
+// 0 and type 0 or 1) is therefore looked up: the Consumer fetches the
+// record batch holding that offset from the partition leader and skips the
+// message only if the batch is a control batch. Its offset is committed
+// like any other. A plain record of the same shape runs, or without an
+// event ID follows the no-ID rule above; records that do not look like
+// markers cost nothing extra. Records of aborted transactions are delivered
+// by kafka-go and run like any other, so do not consume topics whose
+// producers abort transactions unless running those records is acceptable.
+//
+// Restarts and the group session: the Consumer gives kafka-go a session
+// timeout of 10 s (DefaultSessionTimeout; kafka-go's default is 30 s), a
+// 1 s heartbeat and a 1 s join backoff. A member that dies without leaving
+// the group (SIGKILL, a crash, a lost host) keeps its partitions until its
+// session times out, and a restarted process joins only then: with these
+// defaults a killed consumer, restarted at once, consumes again about 10 s
+// after the kill. The price of a shorter session is that a live member that
+// stops heartbeating for longer (a long GC or stop-the-world pause, a
+// network blip, an overloaded host) is dropped and the group rebalances;
+// that is safe (the ledger answers Duplicate for what the old owner
+// finished) but costs a pause. Adjust SessionTimeout, RebalanceTimeout and
+// HeartbeatInterval with Config.Reader; the brokers accept session timeouts
+// between group.min.session.timeout.ms (default 6 s) and
+// group.max.session.timeout.ms.
 //
 // Rebalances: kafka-go gives no revocation callback, so a member may still
 // finish messages of a partition that has just moved to another member, and
