@@ -41,10 +41,14 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime 30s ./httpbridge
 
 # chaos: the full fault-injection run (100,000 events per transport, 20 % duplicates,
-# >= 20 SIGKILLs, Redis outages, dropped Postgres connections, HTTP retries).
+# >= 20 SIGKILLs of consumers, Postgres and Kafka crashes (SIGKILL + restart of the
+# services started by services-up), NATS restarts, Redis outages, dropped Postgres
+# connections, network faults through an in-process proxy, hostile handlers,
+# operator releases, the janitor, HTTP retries). The services are up at the end.
 chaos: services-up
 	$(GO) run ./internal/chaos
 
-# chaos-short: the shorter run CI does.
+# chaos-short: the shorter run CI does: at least one fault of every kind.
 chaos-short: services-up
-	$(GO) run ./internal/chaos -events 5000 -kills 8 -redis-outages 2 -pg-terminates 3 -http-keys 500 -timeout 8m
+	$(GO) run ./internal/chaos -events 5000 -kills 8 -redis-outages 2 -pg-terminates 3 -pg-crashes 1 \
+		-kafka-crashes 1 -nats-restarts 1 -net-faults 3 -releases 2 -hostile-every 100 -http-keys 500 -timeout 6m

@@ -1,23 +1,63 @@
 // Command chaos tries hard to break justonce's exactly-once claim and
-// checks, from the business table and the ledger, that it held.
+// checks, event by event, from the business table, the ledger and the
+// dead-letter streams, that it held.
 //
 // It produces events with duplicates to a real Kafka topic (duplicates at
 // later offsets) and a JetStream stream (duplicates republished after the
 // stream's duplicate window), runs several consumer processes per transport
-// (this same binary, in worker mode), and during the run SIGKILLs workers at
-// random and restarts them, stops and restarts Redis, and terminates the
-// workers' Postgres connections (pg_terminate_backend). In parallel, HTTP
-// clients send requests with Idempotency-Keys, several clients per key,
-// retrying through a real server. At the end every event and request must
-// have exactly one effect. It prints a summary and exits 1 on any violation.
+// (this same binary, in worker mode), and serves HTTP requests with
+// Idempotency-Keys, several clients per key, through a real server. While
+// it runs it injects, each fault kind a flag:
 //
-//	go run ./internal/chaos                    # the full run: 100,000 Kafka + 100,000 NATS events
-//	go run ./internal/chaos -events 10000 -kills 8   # the shorter run CI does
+//   - consumer SIGKILLs (-kills): a worker dies mid-batch and is restarted;
+//     the summary gives the time from each restart to its first effect;
+//   - Redis outages (-redis-outages): a private redis-server stopped and
+//     started;
+//   - dropped Postgres connections (-pg-terminates): pg_terminate_backend;
+//   - Postgres crashes (-pg-crashes): SIGKILL of the postmaster, then a
+//     restart through scripts/services.sh (crash recovery);
+//   - Kafka crashes (-kafka-crashes): SIGKILL of the broker, then a restart
+//     through scripts/services.sh;
+//   - NATS restarts (-nats-restarts): the embedded nats-server shut down
+//     and started again on the same port and JetStream file store
+//     (-nats-sync-always for sync_always; by default the store syncs every
+//     2 minutes, and the restart is a graceful shutdown, which flushes it);
+//   - network faults (-net-faults), through an in-process TCP fault proxy
+//     (toxiproxy, on 127.0.0.1) that the consumers and the HTTP server use
+//     to reach Postgres and Redis: connections reset at the server's next
+//     reply (a COMMIT in flight is executed and its answer lost:
+//     ErrCommitUnknown, counted), latency spikes, and stalled connections
+//     closed after a timeout;
+//   - hostile handlers (-hostile-every): every n-th event's handler
+//     swallows a unique violation (the transaction rolls back at COMMIT),
+//     adds a row that breaks a deferred constraint at COMMIT, panics, or
+//     runs longer than the Redis lock TTL. Half of the failing kinds fail
+//     on their first attempts only and must end with exactly one effect;
+//     the others fail every time and must end dead-lettered (in the
+//     dead-letter topic or stream) and recorded failed in the ledger;
+//   - operator actions (-releases, -janitor): permanent failures are
+//     "repaired", their keys released with Ledger.Release and the events
+//     resent, so each must then run exactly once; and the janitor purges
+//     short-lived rows of another scope during the run.
+//
+// The verdict: every event that must run has exactly one effect and a done
+// ledger row (0 lost, 0 doubled), every permanent hostile event that was
+// not released has no effect, a failed ledger row and a dead letter, every
+// HTTP key ran once and all its clients got the same response, and every
+// fault asked for was injected. It prints a summary with the count of each
+// fault and exits 1 on any violation.
+//
+//	go run ./internal/chaos     # the full run: 100,000 Kafka + 100,000 NATS events
+//	make chaos-short            # the shorter run CI does
 //
 // Services come from the environment or .services.env (make services-up):
-// JUSTONCE_TEST_POSTGRES_URL, JUSTONCE_TEST_KAFKA_BROKERS; Redis is a
-// private redis-server it starts (and stops); NATS is a real nats-server
-// embedded in this process.
+// JUSTONCE_TEST_POSTGRES_URL, JUSTONCE_TEST_KAFKA_BROKERS. Postgres and
+// Kafka crashes need the services started by scripts/services.sh: the
+// harness reads their pid files under JUSTONCE_SERVICES_DIR (default
+// /tmp/justonce-services) and restarts them with the script, which reads
+// the same JUSTONCE_* variables; they are running and healthy at the end.
+// Redis is a private redis-server it starts and stops; NATS is a real
+// nats-server embedded in this process.
 package main
 
 import (
@@ -32,18 +72,26 @@ import (
 )
 
 type options struct {
-	events       int           // unique events per transport
-	dupPct       int           // duplicates, percent of all events produced
-	workers      int           // consumer processes per transport
-	kills        int           // SIGKILLs at least, over both transports
-	httpKeys     int           // distinct HTTP keys
-	httpClients  int           // concurrent clients per HTTP key
-	redisOutages int           // Redis stop/start cycles at least
-	pgTerminates int           // pg_terminate_backend rounds at least
-	timeout      time.Duration // give up after
-	transports   string        // kafka,nats,http
-	batch        int           // consumer batch size (0: per event)
-	killEvery    time.Duration
+	events         int           // unique events per transport
+	dupPct         int           // duplicates, percent of all events produced
+	workers        int           // consumer processes per transport
+	kills          int           // SIGKILLs at least, over both transports
+	httpKeys       int           // distinct HTTP keys
+	httpClients    int           // concurrent clients per HTTP key
+	redisOutages   int           // Redis stop/start cycles
+	pgTerminates   int           // pg_terminate_backend rounds
+	pgCrashes      int           // Postgres SIGKILL + restart
+	kafkaCrashes   int           // Kafka SIGKILL + restart
+	natsRestarts   int           // NATS server restarts
+	natsSyncAlways bool          // JetStream sync_always
+	netFaults      int           // network fault episodes
+	hostileEvery   int           // every n-th event is hostile
+	releases       int           // operator release rounds
+	janitor        bool          // run the janitor
+	timeout        time.Duration // give up after
+	transports     string        // kafka,nats,http
+	batch          int           // consumer batch size (0: per event)
+	killEvery      time.Duration
 }
 
 func main() {
@@ -57,9 +105,17 @@ func main() {
 	flag.IntVar(&o.kills, "kills", 20, "SIGKILL at least this many consumer processes")
 	flag.IntVar(&o.httpKeys, "http-keys", 2000, "distinct Idempotency-Keys")
 	flag.IntVar(&o.httpClients, "http-clients", 3, "concurrent clients per key")
-	flag.IntVar(&o.redisOutages, "redis-outages", 3, "stop and start Redis at least this many times")
-	flag.IntVar(&o.pgTerminates, "pg-terminates", 5, "terminate the workers' Postgres connections at least this many times")
-	flag.DurationVar(&o.timeout, "timeout", 20*time.Minute, "give up after this long")
+	flag.IntVar(&o.redisOutages, "redis-outages", 3, "stop and start Redis this many times")
+	flag.IntVar(&o.pgTerminates, "pg-terminates", 5, "terminate the workers' Postgres connections this many times")
+	flag.IntVar(&o.pgCrashes, "pg-crashes", 3, "SIGKILL the Postgres postmaster and restart it this many times")
+	flag.IntVar(&o.kafkaCrashes, "kafka-crashes", 3, "SIGKILL the Kafka broker and restart it this many times")
+	flag.IntVar(&o.natsRestarts, "nats-restarts", 3, "restart the NATS server (file store) this many times")
+	flag.BoolVar(&o.natsSyncAlways, "nats-sync-always", false, "run JetStream with sync_always")
+	flag.IntVar(&o.netFaults, "net-faults", 9, "network fault episodes (reset-peer, latency, timeout in turn)")
+	flag.IntVar(&o.hostileEvery, "hostile-every", 200, "every n-th event's handler is hostile (0: none)")
+	flag.IntVar(&o.releases, "releases", 4, "operator rounds releasing and resending failed keys")
+	flag.BoolVar(&o.janitor, "janitor", true, "run the janitor on short-lived rows during the run")
+	flag.DurationVar(&o.timeout, "timeout", 40*time.Minute, "give up after this long")
 	flag.StringVar(&o.transports, "transports", "kafka,nats,http", "what to run")
 	flag.IntVar(&o.batch, "batch", 0, "consumer batch size (0: one transaction per event)")
 	flag.DurationVar(&o.killEvery, "kill-every", 700*time.Millisecond, "pause between faults")

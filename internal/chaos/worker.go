@@ -2,16 +2,18 @@ package main
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"os"
 	"os/signal"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
-	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
@@ -24,22 +26,18 @@ import (
 
 const scope = "chaos"
 
-// effect is the business handler: one row per run, no unique constraint,
-// so a doubled effect shows.
-func effect(transport string) consumer.Handler {
-	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, transport) VALUES ($1, $2)`, m.ID, transport)
-		return err
-	}
-}
+// redisLockTTL is the workers' Redis lock lifetime; slow hostile handlers
+// run longer than it.
+const redisLockTTL = 600 * time.Millisecond
 
-// newLedger opens the worker's pool and ledger, Redis in front.
+// newLedger opens a pool and a ledger, Redis in front.
 func newLedger(ctx context.Context, pgURL, redisAddr, name string) (*inbox.Ledger, func(), error) {
 	cfg, err := pgxpool.ParseConfig(pgURL)
 	if err != nil {
 		return nil, nil, err
 	}
 	cfg.MaxConns = 6
+	cfg.ConnConfig.ConnectTimeout = 3 * time.Second
 	// The chaos parent terminates connections by this name.
 	cfg.ConnConfig.RuntimeParams["application_name"] = "chaos-" + name
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -48,19 +46,71 @@ func newLedger(ctx context.Context, pgURL, redisAddr, name string) (*inbox.Ledge
 	}
 	rc := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true, MaxRetries: 1,
 		DialTimeout: 100 * time.Millisecond, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
-	l, err := inbox.New(pool, inbox.Config{Redis: &inbox.RedisConfig{Client: rc, Timeout: 100 * time.Millisecond},
-		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))})
+	l, err := inbox.New(pool, inbox.Config{
+		Redis:  &inbox.RedisConfig{Client: rc, Timeout: 100 * time.Millisecond, LockTTL: redisLockTTL},
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
 	if err != nil {
 		return nil, nil, err
 	}
 	return l, func() { _ = rc.Close(); pool.Close() }, nil
 }
 
-func processorConfig(l *inbox.Ledger) consumer.Config {
+// reporter writes one line per observation to stdout, which the parent
+// reads: "@ev <name>".
+type reporter struct {
+	mu    sync.Mutex
+	first sync.Once
+}
+
+func (r *reporter) report(ev string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	fmt.Fprintln(os.Stdout, "@ev", ev)
+}
+
+// classify names the error of a failed attempt for the parent's counts.
+func classify(err error) string {
+	var pgErr *pgconn.PgError
+	var panicErr *consumer.PanicError
+	switch {
+	case errors.Is(err, inbox.ErrCommitUnknown):
+		return "commit-unknown"
+	case errors.Is(err, inbox.ErrRolledBack):
+		return "rolled-back"
+	case errors.As(err, &panicErr):
+		return "panic-error"
+	case errors.As(err, &pgErr) && pgErr.Code == "23503":
+		return "deferred-fk-error"
+	case inbox.IsTransient(err):
+		return "transient"
+	}
+	return "other"
+}
+
+func processorConfig(l *inbox.Ledger, r *reporter) consumer.Config {
 	return consumer.Config{
-		Ledger: l, Scope: scope, MaxAttempts: 1000, // nothing here is poison: never dead-letter a fault
-		Backoff:      consumer.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond},
+		Ledger: l, Scope: scope, MaxAttempts: maxAttempts,
+		Backoff:      consumer.Backoff{Initial: 20 * time.Millisecond, Max: 300 * time.Millisecond},
 		StoreBackoff: consumer.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond},
+		Hooks: consumer.Hooks{
+			OnOutcome: func(_ *consumer.Message, out inbox.Outcome, _ time.Duration) {
+				if out.Disposition == inbox.Executed {
+					r.first.Do(func() { r.report("first-effect") })
+				}
+			},
+			OnRetry: func(m *consumer.Message, err error) {
+				if err != nil {
+					c := classify(err)
+					r.report("retry:" + c)
+					if c == "other" {
+						fmt.Fprintf(os.Stderr, "chaos worker: %s attempt %d (uncounted %d): %v\n", m.ID, m.Attempt, m.Uncounted, err)
+					}
+				}
+			},
+			OnDeadLetter: func(_ *consumer.Message, cause error) {
+				r.report("dead-letter:" + classify(cause))
+			},
+		},
 	}
 }
 
@@ -76,6 +126,8 @@ func worker(args []string) int {
 	natsURL := fs.String("nats", "", "NATS URL")
 	stream := fs.String("stream", "", "JetStream stream")
 	batch := fs.Int("batch", 0, "batch size")
+	every := fs.Int("hostile-every", 0, "every n-th event is hostile (0: none)")
+	slowFor := fs.Duration("slow", 2*redisLockTTL, "how long slow handlers take")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -87,13 +139,15 @@ func worker(args []string) int {
 		return 1
 	}
 	defer closeAll()
-	pc := processorConfig(l)
+	r := &reporter{}
+	pc := processorConfig(l, r)
+	h := hostileHandler(*transport, *every, *slowFor, func(s string) { r.report("hostile:" + s) })
 	switch *transport {
 	case "kafka":
 		c, err := kafkainbox.New(kafkainbox.Config{
 			Brokers: strings.Split(*brokers, ","), Topic: *topic, GroupID: "chaos-" + *topic,
 			Processor: pc, BatchSize: *batch, CommitInterval: 200 * time.Millisecond,
-		}, effect("kafka"))
+		}, h)
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "worker:", err)
 			return 1
@@ -104,13 +158,14 @@ func worker(args []string) int {
 			return 1
 		}
 	case "nats":
-		nc, err := nats.Connect(*natsURL, nats.MaxReconnects(-1))
+		nc, err := nats.Connect(*natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+			nats.RetryOnFailedConnect(true))
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "worker:", err)
 			return 1
 		}
 		defer nc.Close()
-		c, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: *stream, Durable: "chaos", Handler: effect("nats"),
+		c, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: *stream, Durable: "chaos", Handler: h,
 			Processor: pc, AckWait: 5 * time.Second, Batch: *batch})
 		if err != nil {
 			fmt.Fprintln(os.Stderr, "worker:", err)
