@@ -42,7 +42,9 @@ func FencingToken(ctx context.Context) (int64, bool) {
 // request without one. Pass it on to downstream calls that take an
 // idempotency key of their own (a payment provider, another API); reading
 // the raw header instead would keep the quotes of the structured-field
-// form.
+// form. On a route that isolates principals, two principals may send the
+// same key: where principals share one downstream key space, combine the
+// key with the principal before passing it on.
 func Key(ctx context.Context) (string, bool) {
 	k, ok := ctx.Value(keyKey).(string)
 	return k, ok

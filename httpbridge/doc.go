@@ -49,7 +49,11 @@
 //     with Retry-After, unless RouteConfig.LockWait lets it wait for the
 //     replay;
 //   - same key, another request: 422 (key-reused), or, with
-//     MismatchNewRequest, a new request (seed 004's rule);
+//     MismatchNewRequest, a new request;
+//   - same key from another principal (Config.Principal): a request of its
+//     own (see Principals);
+//   - the handler answered success but its transaction did not commit: 500
+//     (not-committed); nothing is stored and the key is free;
 //   - database unreachable: 503 (store-unavailable) with Retry-After;
 //     nothing is recorded, and a retry with the same key is safe.
 //
@@ -66,6 +70,36 @@
 // row is left, the key is free, and the client still gets the handler's
 // response; a retry runs the handler again. A panic rolls back too and is
 // re-raised for the server or an outer recovery middleware.
+//
+// # Failures: what is stored, what releases the key
+//
+// Only a transaction that committed is ever answered as stored success.
+// On a transactional route:
+//
+//	outcome                                          answer                            ledger
+//	kept status (DefaultStore: 2xx-4xx), COMMIT ok   the handler's response            stored; retries replay it
+//	status not kept (5xx by default)                 the handler's response            rolled back; key free
+//	panic                                            re-raised                         rolled back; key free
+//	response over MaxResponseBytes                   500 response-too-large            rolled back; key free
+//	handler ignored a failed statement, answered     500 not-committed                 rolled back; key free
+//	  success (the transaction was aborted, so
+//	  COMMIT rolled back: inbox.ErrRolledBack)
+//	COMMIT refused: a deferred constraint (23xxx)    500 not-committed                 rolled back; key free
+//	  or another non-transient error at COMMIT
+//	store unavailable or a lost race (transient:     503 store-unavailable,            not stored; key free
+//	  inbox.IsTransient), before or at COMMIT          Retry-After
+//	connection lost while COMMIT was in flight       503 store-unavailable,            stored or not: the retry
+//	  (inbox.ErrCommitUnknown)                         Retry-After                       gets the replay, or runs
+//	another ledger error                             500                               not stored; key free
+//
+// A not-committed answer is the handler's failure, like a 5xx it answers
+// itself: a retry with the same key runs again, and fails the same way until
+// the cause is fixed. Its detail says what failed without SQL details; the
+// log (Config.Logger) has the database's error. Handle an expected SQL error
+// inside a savepoint (tx.Begin) to go on after it. Requests without a key
+// on an optional route get the same answers for their plain transaction.
+//
+// Lease-mode routes are in the Lease mode section.
 //
 // Set-Cookie, Authorization, Proxy-Authorization, hop-by-hop headers and
 // Config.DenyHeaders are never stored nor replayed; the first response
@@ -92,6 +126,30 @@
 // while it still runs). Nothing is lost and nothing runs twice. Requests
 // without a key keep the client's context.
 //
+// # Principals
+//
+// With Config.Principal set, keys are isolated per principal by default
+// (RouteConfig.PrincipalKeys, PrincipalIsolated), like per-account keys in
+// payment APIs: the ledger ID of a request with a principal is
+// PrincipalKeyID(key, principal), the key followed by U+00B7 and a digest
+// of the principal. A key replays only to the principal that sent it.
+// Another principal sending the same key, even with the same body, gets a
+// request of its own: its handler runs, and its answer (including 409 while
+// a request is in flight) depends only on its own requests, so it never
+// learns whether someone else used the key. No refusal mode is offered,
+// because refusing a key that another principal holds would reveal that the
+// key exists.
+//
+// Requests for which Principal returns "" keep the plain key. Isolated
+// routes accept keys of at most 231 bytes (214 with MismatchNewRequest).
+// RouteConfig{PrincipalKeys: PrincipalShared} keys by the plain key for
+// every principal of the tenant (the principal is recorded for audit only).
+//
+// Upgrading: rows recorded before isolation was on are under the plain key.
+// A principal's retry of such a request, after the upgrade, runs again.
+// Deploy with PrincipalShared first and switch to isolation once the
+// route's TTL has passed if that matters.
+//
 // # Consumers and HTTP on one ledger
 //
 // A route and a consumer that name the same scope share keys (the tenant
@@ -105,6 +163,12 @@
 // over HTTP is a duplicate to consumers in the scope: consumers record no
 // fingerprint, so there is no mismatch between the two paths.
 //
+// A consumer's event ID is a plain key. Requests of a principal on a route
+// that isolates principals (the default when Config.Principal is set) are
+// recorded under another ID and do not dedupe with the consumer: a route
+// that shares keys with a consumer sets PrincipalKeys to PrincipalShared
+// (or its Principal function returns "").
+//
 // # Lease mode
 //
 // RouteConfig.Lease runs the handler outside any transaction, for effects
@@ -115,6 +179,22 @@
 // lease expire and a retry runs the handler again: those effects are
 // at-least-once, made safe by the fencing token and an idempotent
 // downstream. Replays of lease-mode routes are served by Postgres.
+//
+// The lease is renewed until its end is recorded. Once the handler's effect
+// has happened, a transient failure to record the result (inbox.IsTransient)
+// is retried with backoff, for up to Config.HandlerTimeout, so that the
+// lease does not lapse and let a retry run the effect again; a completion
+// that committed but whose answer was lost is recognised by its fencing
+// token. What a lease-mode request gets:
+//
+//	outcome                                  answer                   ledger
+//	kept status, result recorded             the handler's response   stored; retries replay it
+//	status not kept (5xx by default)         the handler's response   lease released; key free
+//	panic                                    re-raised                lease released; key free
+//	response over MaxResponseBytes           500 response-too-large   failed; retries get 422 key-failed
+//	lease lost while the handler ran         500 lease-lost           another holder's
+//	store unavailable for HandlerTimeout     503 store-unavailable,   processing until the lease expires;
+//	  after the handler ended                  Retry-After              then a retry runs again
 //
 // # Client side
 //

@@ -163,3 +163,37 @@ func ExampleDefaultStore() {
 	// <nil> true false true
 	// true false false
 }
+
+// Keys are isolated per principal once the bridge knows the caller: bob
+// sending alice's key runs a request of his own and never gets alice's
+// response, while alice's retry is a replay.
+func ExamplePrincipalKeyID() {
+	pool, done := exampleDB()
+	defer done()
+	ledger, _ := inbox.New(pool, inbox.Config{})
+	bridge, _ := httpbridge.New(httpbridge.Config{
+		Ledger:    ledger,
+		Principal: func(r *http.Request) string { return r.Header.Get("X-User") }, // from your auth middleware
+	})
+	h := bridge.Route(httpbridge.RouteConfig{Scope: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var id int64
+		_ = httpbridge.Tx(r.Context()).QueryRow(r.Context(), `INSERT INTO orders (body) VALUES ('x') RETURNING id`).Scan(&id)
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d}`, id)
+	}))
+	for _, user := range []string{"alice", "bob", "alice"} {
+		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", "k-1")
+		req.Header.Set("X-User", user)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		fmt.Println(user, rec.Code, rec.Body.String(), "replayed:", rec.Header().Get("Idempotent-Replayed") == "true")
+	}
+	rec, _ := ledger.Lookup(context.Background(), inbox.Key{Scope: "orders", ID: httpbridge.PrincipalKeyID("k-1", "bob")})
+	fmt.Println("bob's row:", rec.Principal)
+	// Output:
+	// alice 201 {"order":1} replayed: false
+	// bob 201 {"order":2} replayed: false
+	// alice 201 {"order":1} replayed: true
+	// bob's row: bob
+}
