@@ -192,12 +192,17 @@ func (h *signalHandler) WithGroup(string) slog.Handler      { return h }
 // leaseBridge is a lease-mode route whose ledger reaches Postgres through
 // a fault proxy.
 func leaseBridge(t *testing.T, logger *slog.Logger, handler func(w http.ResponseWriter, r *http.Request)) (*testsvc.PG, *testsvc.FaultProxy, http.Handler) {
+	return leaseBridgeCfg(t, httpbridge.Config{Logger: logger}, handler)
+}
+
+func leaseBridgeCfg(t *testing.T, cfg httpbridge.Config, handler func(w http.ResponseWriter, r *http.Request)) (*testsvc.PG, *testsvc.FaultProxy, http.Handler) {
 	t.Helper()
 	pg := testsvc.Postgres(t)
 	proxy := testsvc.Proxy(t, pg.Host())
 	l, err := inbox.New(pg.PoolVia(t, proxy.Addr(), 4), inbox.Config{})
 	require.NoError(t, err)
-	bridge, err := httpbridge.New(httpbridge.Config{Ledger: l, Logger: logger})
+	cfg.Ledger = l
+	bridge, err := httpbridge.New(cfg)
 	require.NoError(t, err)
 	return pg, proxy, bridge.Route(httpbridge.RouteConfig{Scope: "payments", Lease: true, LeaseDuration: 30 * time.Second})(
 		http.HandlerFunc(handler))
@@ -269,4 +274,35 @@ func TestLeaseCompletionAnswerLost(t *testing.T) {
 	require.Equal(t, 1, pg.Count(t, `SELECT count(*) FROM processed_events WHERE status = 'done'`))
 	require.True(t, post(h, "charge", `{"amount":5}`).replayed())
 	require.EqualValues(t, 1, charges.Load())
+}
+
+// TestLeaseCompletionGivesUpHonestly: the database stays away after the
+// effect happened. The bridge retries for HandlerTimeout, then answers 503
+// saying that the operation ran and when a retry runs it again; it never
+// answers the handler's success for a result that was not recorded.
+func TestLeaseCompletionGivesUpHonestly(t *testing.T) {
+	t.Parallel()
+	sig := &signalHandler{match: "recording a lease-mode result failed", seen: make(chan string, 1)}
+	var proxy *testsvc.FaultProxy
+	pg, proxy, h := leaseBridgeCfg(t, httpbridge.Config{Logger: slog.New(sig), HandlerTimeout: time.Second},
+		func(w http.ResponseWriter, r *http.Request) {
+			proxy.Refuse(true)
+			proxy.CutAll()
+			w.WriteHeader(http.StatusCreated)
+		})
+	start := time.Now()
+	r := post(h, "charge", `{"amount":5}`)
+	p := requireProblem(t, r, http.StatusServiceUnavailable, httpbridge.ProblemStoreUnavailable)
+	require.Contains(t, p.Detail, "the operation ran")
+	require.Equal(t, "1", r.Header.Get("Retry-After"))
+	require.GreaterOrEqual(t, time.Since(start), time.Second, "it retried for HandlerTimeout")
+	select {
+	case <-sig.seen:
+	default:
+		t.Fatal("no completion attempt failed")
+	}
+	proxy.Refuse(false)
+	// The lease is still held: the key is neither done nor free.
+	require.Equal(t, 1, pg.Count(t, `SELECT count(*) FROM processed_events WHERE status = 'processing'`))
+	requireProblem(t, post(h, "charge", `{"amount":5}`), http.StatusConflict, httpbridge.ProblemInProgress)
 }
