@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"hash/crc32"
+	"io"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -93,12 +95,17 @@ func markerShaped(m kafka.Message) bool {
 // it is dead-lettered, or with AllowNoID it runs.
 func TestTransactionMarkersSkippedLookAlikesNot(t *testing.T) {
 	t.Parallel()
-	for _, allowNoID := range []bool{false, true} {
-		name := "DeadLettered"
-		if allowNoID {
-			name = "AllowNoID"
-		}
-		t.Run(name, func(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		allowNoID bool
+		batch     int
+	}{
+		{"DeadLettered", false, 0},
+		{"AllowNoID", true, 0},
+		{"BatchDeadLettered", false, 10},
+	} {
+		allowNoID := tc.allowNoID
+		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			brokers := testsvc.KafkaBrokers(t)
 			fx := newFixture(t)
@@ -126,7 +133,7 @@ func TestTransactionMarkersSkippedLookAlikesNot(t *testing.T) {
 			var noID atomic.Int64
 			pc := fx.processor()
 			pc.AllowNoID = allowNoID
-			stop := start(t, kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: pc},
+			stop := start(t, kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: pc, BatchSize: tc.batch},
 				func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 					if m.ID == "" {
 						require.Equal(t, lookAlike.Key, m.Key)
@@ -147,6 +154,26 @@ func TestTransactionMarkersSkippedLookAlikesNot(t *testing.T) {
 			}
 			require.Zero(t, noID.Load())
 			require.Len(t, dl, 1, "the look-alike is dead-lettered, the markers are not")
+			if tc.batch == 0 {
+				// A replay skips the markers and not the look-alike too.
+				src, err := kafkainbox.NewReplaySource(context.Background(), kafkainbox.ReplayConfig{Brokers: brokers, Topic: topic})
+				require.NoError(t, err)
+				var replayed, lookAlikes int
+				for {
+					m, err := src.Next(context.Background())
+					if errors.Is(err, io.EOF) {
+						break
+					}
+					require.NoError(t, err)
+					replayed++
+					if bytes.Equal(m.Key, lookAlike.Key) {
+						lookAlikes++
+					}
+				}
+				require.NoError(t, src.Close())
+				require.Equal(t, 9, replayed, "8 events and the look-alike")
+				require.Equal(t, 1, lookAlikes)
+			}
 			require.Equal(t, lookAlike.Key, dl[0].Key)
 			require.Equal(t, lookAlike.Value, dl[0].Value)
 			h := map[string]string{}
