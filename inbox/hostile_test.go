@@ -299,3 +299,37 @@ func (s *syncBuffer) String() string {
 	defer s.mu.Unlock()
 	return s.b.String()
 }
+
+// TestLeaseCompletionAnswerLost: the completion commits but its answer is
+// cut; the retry finds the key done under its own token and reports
+// Executed, not a lost lease.
+func TestLeaseCompletionAnswerLost(t *testing.T) {
+	t.Parallel()
+	b := setup(t, inbox.Config{})
+	proxy := testsvc.Proxy(t, b.pg.Host())
+	pool := b.pg.PoolVia(t, proxy.Addr(), 4)
+	l, err := inbox.New(pool, inbox.Config{})
+	require.NoError(t, err)
+	ctx := context.Background()
+	r := req("payments", "charge-lost-answer")
+
+	var ran atomic.Int64
+	var fired <-chan struct{}
+	out, err := l.DoLeased(ctx, r, 30*time.Second, func(ctx context.Context, token int64) (inbox.Result, error) {
+		ran.Add(1)
+		fired = proxy.CutWhenServerSends([]byte("UPDATE 1\x00")) // the completion's answer
+		return inbox.Result{Code: 201}, nil
+	})
+	select {
+	case <-fired:
+	default:
+		t.Fatal("the fault did not fire")
+	}
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	rec, err := l.Lookup(ctx, r.Key)
+	require.NoError(t, err)
+	require.Equal(t, inbox.StatusDone, rec.Status)
+	require.Equal(t, 201, rec.Result.Code)
+	require.EqualValues(t, 1, ran.Load())
+}

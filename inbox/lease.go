@@ -74,8 +74,9 @@ func (ls *Lease) Renew(ctx context.Context) error {
 // was lost: then another holder may have run too, which is what the fencing
 // token is for.
 //
-// A transient failure (IsTransient) leaves the lease unfinished, so that
-// Complete may be called again; DoLeased does so while the lease is held.
+// Any failure but ErrLeaseLost leaves the lease unfinished, so that the
+// caller may call Complete again (DoLeased does so for transient failures
+// while the lease is held), or Fail or Release it.
 func (ls *Lease) Complete(ctx context.Context, res Result) error {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -84,7 +85,7 @@ func (ls *Lease) Complete(ctx context.Context, res Result) error {
 	}
 	ok, err := ls.l.store.leaseComplete(ctx, ls.l.pool, ls.req.Key, ls.token, res, time.Since(ls.start))
 	err = ls.check(ok, err, "complete")
-	if err == nil || !IsTransient(err) {
+	if err == nil || errors.Is(err, ErrLeaseLost) {
 		ls.done = true
 	}
 	return err
@@ -239,8 +240,12 @@ func (ls *Lease) completeRetrying(ctx context.Context, res Result, lost <-chan s
 		}
 	}()
 	backoff := 20 * time.Millisecond
-	for {
+	for retried := false; ; retried = true {
 		err := ls.Complete(wctx, res)
+		if retried && errors.Is(err, ErrLeaseLost) && ls.completedByUs(wctx) {
+			// An earlier attempt committed and only its answer was lost.
+			return nil
+		}
 		if err == nil || !IsTransient(err) {
 			return err
 		}
@@ -253,6 +258,9 @@ func (ls *Lease) completeRetrying(ctx context.Context, res Result, lost <-chan s
 			return fmt.Errorf("justonce/inbox: gave up recording a lease's completion: %w (last error: %w)", wctx.Err(), err)
 		case <-lost:
 			t.Stop()
+			if ls.completedByUs(wctx) {
+				return nil
+			}
 			return fmt.Errorf("%w: while recording its completion (last error: %v)", ErrLeaseLost, err)
 		case <-t.C:
 		}
@@ -260,4 +268,11 @@ func (ls *Lease) completeRetrying(ctx context.Context, res Result, lost <-chan s
 			backoff *= 2
 		}
 	}
+}
+
+// completedByUs reports whether the key is done under this lease's
+// fencing token: a completion that committed though its answer was lost.
+func (ls *Lease) completedByUs(ctx context.Context) bool {
+	rec, live, err := ls.l.store.lookup(ctx, ls.l.pool, ls.req.Key)
+	return err == nil && live && rec != nil && rec.Status == StatusDone && rec.FencingToken == ls.token
 }
