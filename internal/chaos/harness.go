@@ -125,6 +125,7 @@ func (s *summary) print(w io.Writer) {
 		s.obs.get("retry:panic-error")+s.obs.get("dead-letter:panic-error"),
 		s.obs.get("retry:transient"), s.obs.get("retry:other")+s.obs.get("dead-letter:other")+s.obs.get("dead-letter:transient"),
 		s.countPrefix("dead-letter:"))
+	fmt.Fprintf(w, "  retries after a failed dead-letter publish %d\n", s.obs.get("retry:dead-letter-publish"))
 	n, of, p50, pmax := s.obs.restartStats()
 	fmt.Fprintf(w, "consumer restart to first effect: p50 %s, max %s (%d of %d restarts had an effect before the next kill or the end)\n",
 		p50.Round(time.Millisecond), pmax.Round(time.Millisecond), n, of)

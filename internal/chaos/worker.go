@@ -73,6 +73,10 @@ func classify(err error) string {
 	var pgErr *pgconn.PgError
 	var panicErr *consumer.PanicError
 	switch {
+	case strings.HasPrefix(err.Error(), "dead letter:"):
+		// consumer's deadLetter: the dead-letter publish failed; the
+		// message is retried (and its handler runs again).
+		return "dead-letter-publish"
 	case errors.Is(err, inbox.ErrCommitUnknown):
 		return "commit-unknown"
 	case errors.Is(err, inbox.ErrRolledBack):
