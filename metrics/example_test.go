@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log"
 	"net/http"
+	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -38,6 +39,25 @@ func ExampleNewLedgerCollector() {
 		StatsMaxAge: time.Minute,
 	}))
 	http.Handle("/metrics", promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+
+	// What the collector exports (pgxpool.New connects lazily, so this runs
+	// without a database; a scrape queries it).
+	descs := make(chan *prometheus.Desc, 16)
+	metrics.NewLedgerCollector(ledger, metrics.LedgerConfig{}).Describe(descs)
+	close(descs)
+	for d := range descs {
+		s := d.String()
+		name := s[strings.Index(s, `"`)+1:]
+		fmt.Println(name[:strings.Index(name, `"`)])
+	}
+	// Output:
+	// justonce_ledger_calls_total
+	// justonce_ledger_cache_replays_total
+	// justonce_ledger_redis_fallbacks_total
+	// justonce_ledger_leases_lost_total
+	// justonce_ledger_rows
+	// justonce_ledger_oldest_lease_overdue_seconds
+	// justonce_ledger_stats_up
 }
 
 // Give a processor the collector's hooks; the processor calls them. Here
