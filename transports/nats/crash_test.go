@@ -3,6 +3,7 @@ package natsinbox
 import (
 	"context"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"syscall"
@@ -51,7 +52,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	e.publish(t, subject, crashID, []byte("2"))
 	e.publish(t, subject, "after", []byte("3"))
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), envCrashChild+"=1", envCrashNATS+"="+e.url, envCrashPG+"="+fx.pg.URL, envCrashStream+"="+stream)
 	out, err := cmd.CombinedOutput()
 	var exit *exec.ExitError
@@ -80,19 +81,27 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	require.EqualValues(t, 1, fx.runs.Load(), "the surviving consumer ran only the message after the crash")
 }
 
-// TestCrashChild is the consumer process TestCrashAfterCommitBeforeAck
-// kills; it does nothing in a normal test run.
-func TestCrashChild(t *testing.T) {
-	if os.Getenv(envCrashChild) == "" {
-		return
+// crashChild is the consumer process TestCrashAfterCommitBeforeAck kills
+// (TestMain runs it in the child instead of the tests). It exits with
+// status 2 if anything goes wrong before the kill.
+func crashChild() {
+	fail := func(format string, args ...any) {
+		fmt.Fprintf(os.Stderr, "crash child: "+format+"\n", args...)
+		os.Exit(2)
 	}
 	ctx := context.Background()
 	pool, err := pgxpool.New(ctx, os.Getenv(envCrashPG))
-	require.NoError(t, err)
+	if err != nil {
+		fail("%v", err)
+	}
 	ledger, err := inbox.New(pool, inbox.Config{})
-	require.NoError(t, err)
+	if err != nil {
+		fail("%v", err)
+	}
 	nc, err := nats.Connect(os.Getenv(envCrashNATS))
-	require.NoError(t, err)
+	if err != nil {
+		fail("%v", err)
+	}
 	cfg := crashConfig(nc, os.Getenv(envCrashStream), consumer.Config{Ledger: ledger},
 		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, value) VALUES ($1, $2)`, m.ID, m.Value)
@@ -106,9 +115,11 @@ func TestCrashChild(t *testing.T) {
 		}
 	}
 	c, err := New(cfg)
-	require.NoError(t, err)
+	if err != nil {
+		fail("%v", err)
+	}
 	ctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	err = c.Run(ctx)
-	t.Fatalf("the child should have been killed, Run returned %v", errors.Join(err, ctx.Err()))
+	fail("should have been killed, Run returned %v", errors.Join(err, ctx.Err()))
 }
