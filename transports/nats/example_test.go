@@ -66,15 +66,7 @@ func Example() {
 	_, _ = js.PublishMsg(ctx, again)
 
 	// Wait until both copies are acked, then shut down (drain).
-	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
-		cons, err := js.Consumer(ctx, "ORDERS", "billing")
-		if err == nil {
-			if info, err := cons.Info(ctx); err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream == 2 {
-				break
-			}
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	waitAcked(js, "ORDERS", "billing", 2)
 	stop()
 	<-done
 
@@ -85,44 +77,124 @@ func Example() {
 }
 
 // Batch mode: up to 100 messages per Fetch are claimed in one statement,
-// run in one transaction and acked after its commit.
+// run in one transaction and acked after its commit. Here 250 orders are
+// published, and 50 of them a second time without Nats-Msg-Id.
 func ExampleConfig_batch() {
-	var (
-		nc     *nats.Conn    // connected
-		ledger *inbox.Ledger // on the application's pool
-		insert consumer.Handler
-	)
+	nc, pool, cleanup := exampleServices()
+	defer cleanup()
+	ctx := context.Background()
+	js, _ := jetstream.New(nc)
+	_, _ = js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.created"}})
+	_, _ = js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS_DLQ", Subjects: []string{"orders.created.dlq"}})
+	_, _ = pool.Exec(ctx, `CREATE TABLE invoices (order_id text NOT NULL)`)
+	ledger, err := inbox.New(pool, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	for i := 0; i < 250; i++ {
+		m := nats.NewMsg("orders.created")
+		m.Header.Set(jetstream.MsgIDHeader, fmt.Sprintf("order-%d", i))
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			log.Fatal(err)
+		}
+	}
+	for i := 0; i < 250; i += 5 {
+		m := nats.NewMsg("orders.created")
+		m.Header.Set("ce-id", fmt.Sprintf("order-%d", i)) // the same event again
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			log.Fatal(err)
+		}
+	}
+
 	c, err := natsinbox.New(natsinbox.Config{
 		Conn: nc, Stream: "ORDERS", Durable: "billing",
 		Processor: consumer.Config{Ledger: ledger, MaxAttempts: 5},
-		Handler:   insert,
-		Batch:     100,
+		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
+			return err
+		},
+		Batch: 100,
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	_ = c.Run(context.Background())
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+	waitAcked(js, "ORDERS", "billing", 300)
+	stop()
+	<-done
+
+	var n int
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM invoices`).Scan(&n)
+	fmt.Println("messages: 300, invoices:", n)
+	// Output: messages: 300, invoices: 250
 }
 
 // Core NATS without JetStream: members of the "billing" queue group share
 // orders.created. A failed handler is retried in place, then the message
 // goes to orders.created.dlq; a crash loses the message in flight, because
-// core NATS does not redeliver.
+// core NATS does not redeliver. A publisher that sends an event again (here
+// until it sees the invoices) does not run it twice.
 func ExampleConfig_core() {
-	var (
-		nc     *nats.Conn
-		ledger *inbox.Ledger
-		insert consumer.Handler
-	)
+	nc, pool, cleanup := exampleServices()
+	defer cleanup()
+	ctx := context.Background()
+	_, _ = pool.Exec(ctx, `CREATE TABLE invoices (order_id text NOT NULL)`)
+	ledger, err := inbox.New(pool, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
 	c, err := natsinbox.New(natsinbox.Config{
 		Conn: nc, Subject: "orders.created", Queue: "billing",
 		Processor: consumer.Config{Ledger: ledger},
-		Handler:   insert,
+		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
+			return err
+		},
 	})
 	if err != nil {
 		log.Fatal(err)
 	}
-	_ = c.Run(context.Background())
+	runCtx, stop := context.WithCancel(ctx)
+	done := make(chan error, 1)
+	go func() { done <- c.Run(runCtx) }()
+
+	// Core NATS keeps nothing for a subscriber that is not there yet: the
+	// publisher sends the three orders again until they are invoiced.
+	var n int
+	for deadline := time.Now().Add(30 * time.Second); n < 3 && time.Now().Before(deadline); {
+		for _, id := range []string{"order-1", "order-2", "order-3"} {
+			m := nats.NewMsg("orders.created")
+			m.Header.Set(jetstream.MsgIDHeader, id)
+			_ = nc.PublishMsg(m)
+		}
+		_ = nc.Flush()
+		time.Sleep(50 * time.Millisecond)
+		_ = pool.QueryRow(ctx, `SELECT count(*) FROM invoices`).Scan(&n)
+	}
+	stop()
+	<-done // handles what was received before returning
+
+	_ = pool.QueryRow(ctx, `SELECT count(*) FROM invoices`).Scan(&n)
+	fmt.Println("invoices:", n)
+	// Output: invoices: 3
+}
+
+// waitAcked waits until the durable has acked n messages and has none
+// pending.
+func waitAcked(js jetstream.JetStream, stream, durable string, n uint64) {
+	ctx := context.Background()
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); {
+		cons, err := js.Consumer(ctx, stream, durable)
+		if err == nil {
+			if info, err := cons.Info(ctx); err == nil && info.NumPending == 0 && info.NumAckPending == 0 && info.Delivered.Stream == n {
+				return
+			}
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	log.Fatalf("%s/%s: %d messages not acked within 30s", stream, durable, n)
 }
 
 // exampleServices starts an embedded NATS server with JetStream and gives

@@ -198,8 +198,8 @@ func TestScopeSharedWithKafka(t *testing.T) {
 
 // While another consumer of the scope (here the simulated Kafka side) holds
 // an event in its transaction, the NATS delivery of the same event waits in
-// place, InProgress, instead of being Nak'ed: JetStream's delivery count,
-// the attempt number, stays 1. When the holder commits it is a duplicate.
+// place, InProgress, instead of being Nak'ed: no redelivery, and the
+// attempt number stays 1. When the holder commits it is a duplicate.
 func TestInFlightElsewhereWaitsInPlace(t *testing.T) {
 	t.Parallel()
 	e, fx := newEnv(t), newFixture(t)
@@ -263,19 +263,23 @@ func TestInFlightElsewhereWaitsInPlace(t *testing.T) {
 	require.Equal(t, 1, fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = 'evt'`))
 }
 
-// A poison message is redelivered (NakWithDelay) with its JetStream
-// delivery count as the attempt, then dead-lettered with its headers and
+// A poison message is retried in place (one JetStream delivery, Attempt
+// counting its handler failures), then dead-lettered with its headers and
 // Term'ed, while the rest flows; a Permanent error dead-letters at once.
 func TestPoisonDeadLetteredAfterDeliveries(t *testing.T) {
 	t.Parallel()
 	e, fx := newEnv(t), newFixture(t)
 	subject := testsvc.Unique("poison")
 	stream := e.stream(t, subject, 0)
+	var delivered []uint64 // JetStream delivery count of each poison run, under fx.mu
 	c, err := New(Config{
 		Conn: e.nc, Stream: stream, Durable: "p", Processor: fx.processor("p"), Concurrency: 2,
 		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			switch m.ID {
 			case "poison":
+				fx.mu.Lock()
+				delivered = append(delivered, numDelivered(m))
+				fx.mu.Unlock()
 				return errors.New("cannot parse\r\npayload")
 			case "schema":
 				return consumer.Permanent(errors.New("unknown schema"))
@@ -324,7 +328,8 @@ func TestPoisonDeadLetteredAfterDeliveries(t *testing.T) {
 	require.Equal(t, "1", s.Header.Get(consumer.HeaderDLAttempts), "permanent: at once")
 
 	fx.mu.Lock()
-	require.Equal(t, []int{1, 2, 3}, fx.attempts["poison"], "Attempt is JetStream's delivery count")
+	require.Equal(t, []int{1, 2, 3}, fx.attempts["poison"], "Attempt counts the handler's failures")
+	require.Equal(t, []uint64{1, 1, 1}, delivered, "retried in place: one delivery")
 	fx.mu.Unlock()
 	require.Equal(t, 2, fx.pg.Count(t, `SELECT count(*) FROM processed_events WHERE status = 'failed'`))
 	require.Equal(t, 30, fx.pg.Count(t, `SELECT count(*) FROM processed_events WHERE status = 'done'`))
