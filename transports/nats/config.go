@@ -53,7 +53,9 @@ type Config struct {
 	// Bind uses the durable as it is on the server (managed elsewhere)
 	// instead of creating or updating it. It must use explicit acks; its
 	// AckWait sets the heartbeat, and its MaxDeliver, if set, must not be
-	// below Processor.MaxAttempts.
+	// below Processor.MaxAttempts. Prefer no MaxDeliver: deliveries are
+	// not attempts (drains and restarts deliver again), and JetStream stops
+	// delivering a message at MaxDeliver without it being dead-lettered.
 	Bind bool
 	// AckWait is the consumer's ack wait: how long JetStream waits for an
 	// ack before delivering again. Default 30 s. Ignored with Bind.

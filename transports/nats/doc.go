@@ -17,8 +17,9 @@
 // Set Config.Stream and Config.Durable. The consumer is a durable pull
 // consumer with explicit acks and no MaxDeliver limit (the runtime counts
 // attempts), created or updated by Run; use Config.Bind to run a durable
-// managed elsewhere with other settings (DeliverPolicy, BackOff, ...). Messages are pulled with Consume, or with Fetch in
-// batch mode (Config.Batch), and each goes through consumer.Processor:
+// managed elsewhere with other settings (DeliverPolicy, BackOff, ...).
+// Messages are pulled with Consume, or with Fetch in batch mode
+// (Config.Batch), and each goes through consumer.Processor:
 //
 //   - new event: the handler runs in the ledger's transaction; after the
 //     commit the message is acked (Ack, or DoubleAck with Config.DoubleAck);
@@ -26,20 +27,60 @@
 //     stream's duplicate window, a redelivery after a lost ack, the same
 //     event arriving through Kafka or HTTP in the same scope): acked
 //     without running the handler;
-//   - handler error: NakWithDelay with the runtime's backoff, so JetStream
-//     delivers it again; the JetStream delivery count (NumDelivered) is the
-//     attempt number (consumer.Message.Attempt);
-//   - after Config.Processor.MaxAttempts deliveries (or a
+//   - handler error (including a handler that swallowed a SQL error, so
+//     that COMMIT answered ROLLBACK, and a deferred constraint failing at
+//     COMMIT): a counted attempt, retried in place with the runtime's
+//     backoff (consumer.Processor.ProcessWithRetry) while the message is
+//     kept InProgress;
+//   - the database unavailable, or the event held by another consumer of
+//     the scope right now: retried in place the same way, without
+//     counting an attempt (the runtime bounds such retries after the
+//     handler ran, consumer.Config.MaxUncounted);
+//   - after Config.Processor.MaxAttempts handler failures (or a
 //     consumer.Permanent error, or no event ID): published to the
 //     dead-letter subject with the consumer.DeadLetterHeaders (error,
 //     attempts, origin subject, stream sequence, ...), recorded failed in
 //     the ledger, then Term'ed.
 //
-// While a handler runs, the consumer sends InProgress every third of the
-// consumer's AckWait, so a handler slower than AckWait is not redelivered
-// meanwhile. Run drains on shutdown: it stops pulling, lets in-flight
-// handlers finish and acks them, Naks what was pulled but not started (so
-// another member of the durable gets it at once), and returns.
+// While a handler runs or waits to be retried, the consumer sends
+// InProgress every third of the consumer's AckWait, so the message is not
+// redelivered meanwhile. A failing message occupies one worker for its
+// retry budget (the sum of the backoff delays); the other workers
+// (Config.Concurrency) go on. Run drains on shutdown: it stops pulling,
+// lets the handlers that started finish and acks them, ends the waits
+// between retries, Naks what was pulled but not started or is waiting to be
+// retried (so another member of the durable gets it at once), and returns.
+//
+// # Attempts
+//
+// consumer.Message.Attempt is the handler attempt: one more than the
+// handler's failures counted so far. It is not JetStream's delivery count
+// (NumDelivered), which also grows when nothing failed: a draining consumer
+// Naks what it pulled, a consumer or server restarts, a prefetched message
+// waits past AckWait, an ack is lost. Those redeliveries never count, so a
+// few restarts cannot dead-letter a healthy event on its first real
+// failure.
+//
+// Retries happen in place, so an attempt count normally lives and ends with
+// one delivery. When a message is handed back to JetStream before it is
+// done (the consumer stopped between two attempts), the process remembers
+// its Attempt and Uncounted, by stream, durable, scope and stream sequence,
+// and a later delivery of it to any Consumer of the same process goes on
+// from there; the entry is dropped when the message is acked or
+// dead-lettered. The table holds at most MaxTrackedMessages entries and
+// forgets the oldest first. A delivery to another process (another member
+// of the durable, or this one after a restart) starts again at 1: the
+// counts are per process lifetime, not stored anywhere. That is the safe
+// side: a message is never dead-lettered before MaxAttempts handler
+// failures in one process, at the cost that a poison message handed from
+// process to process may run up to MaxAttempts times in each. A handler
+// failure while the consumer drains counts; a handler cancelled by
+// Config.DrainTimeout does not.
+//
+// Keep Config.Prefetch times the handler's duration, divided by
+// Config.Concurrency, well under AckWait: pulled messages waiting for a
+// worker are not heartbeated, and a redelivered copy of one is answered
+// by the ledger (in flight, then duplicate) rather than run twice.
 //
 // The event ID defaults to the Nats-Msg-Id header (consumer.DefaultNATSID),
 // the ledger scope to the durable name and the recorded source to
@@ -48,20 +89,36 @@
 // Why the ledger is needed with JetStream: JetStream drops a republished
 // Nats-Msg-Id only inside the stream's duplicate window (2 minutes by
 // default), and it redelivers a message whose ack was lost (a crash between
-// the database commit and the ack, an ack dropped by the network) after
-// AckWait. Both would run the handler twice; the ledger answers Duplicate
-// instead.
+// the database commit and the ack, an ack dropped by the network, a server
+// restart that lost the consumer's latest acks) after AckWait. Each would
+// run the handler twice; the ledger answers Duplicate instead.
 //
-// Retries that are not the handler's fault (the database is unreachable,
-// or another consumer of the scope holds the event in its transaction right
-// now) are repeated in place, the message kept InProgress, rather than
-// Nak'ed: a redelivery would raise NumDelivered, the attempt number, and
-// could dead-letter a healthy event early. Note that NumDelivered still
-// counts redeliveries that no handler failure caused (a message that waited
-// in the client past AckWait, a lost ack): they count toward MaxAttempts if
-// the handler later fails. Keep Config.Prefetch times the handler's
-// duration, divided by Config.Concurrency, well under AckWait: pulled
-// messages waiting for a worker are not heartbeated.
+// # Server restarts and the file store
+//
+// What the no-loss claim needs from JetStream is that a message it
+// acknowledged to the publisher (the PubAck) is still in the stream after
+// the server comes back. With a file store (Storage: FileStorage):
+//
+//   - the nats-server process restarts or is killed (SIGKILL), with the
+//     server's default sync setting (sync_interval: 2 minutes): nothing is
+//     lost. A single-replica stream writes each message to its file before
+//     the PubAck, and the operating system keeps written data when the
+//     process dies; only the fsync is periodic. The consumer's state (its
+//     acks) may lose its latest updates: those messages are delivered
+//     again and the ledger answers Duplicate. The consumer reconnects by
+//     itself (give the connection nats.MaxReconnects(-1)). This is tested:
+//     the server process is SIGKILLed with handlers in flight and
+//     restarted on the same store, and every event has its effect exactly
+//     once.
+//   - the machine crashes or loses power: with the default sync_interval,
+//     messages acknowledged in the last interval (up to 2 minutes) may be
+//     gone from the stream, and no consumer can run what the broker lost.
+//     For this case set sync_interval: always in the server's jetstream
+//     block (every write fsynced before the PubAck; slower), or run a
+//     clustered stream with Replicas: 3, where a message is acknowledged
+//     once a majority of servers have it.
+//
+// A memory store loses everything at a server restart.
 //
 // # Core NATS
 //

@@ -46,9 +46,10 @@ func (c *Consumer) setup(ctx context.Context) (jetstream.Consumer, time.Duration
 			AckPolicy:     jetstream.AckExplicitPolicy,
 			AckWait:       c.cfg.AckWait,
 			MaxAckPending: c.cfg.MaxAckPending,
-			// Unlimited: the runtime counts deliveries and dead-letters
-			// after MaxAttempts; a server limit would silently stop
-			// redelivering a message that was never dead-lettered.
+			// Unlimited: the runtime counts handler failures and
+			// dead-letters after MaxAttempts; a server limit on deliveries
+			// would silently stop redelivering a message that was never
+			// dead-lettered.
 			MaxDeliver: -1,
 		}
 		if len(c.cfg.FilterSubjects) == 1 {
