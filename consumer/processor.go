@@ -477,27 +477,73 @@ func (p *Processor) outcome(m *Message, out inbox.Outcome, took time.Duration) {
 // fails the message is retried instead: it is never dropped.
 func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, keyed bool) Decision {
 	if p.cfg.DeadLetter != nil {
-		if err := p.cfg.DeadLetter(ctx, m, cause); err != nil {
-			if ctx.Err() != nil {
-				return Decision{Action: Stop, Err: err}
-			}
-			p.cfg.Logger.Warn("justonce consumer: dead-letter publish failed, will retry", "id", inbox.Mask(m.ID), "err", err)
-			return p.retry(m, Decision{Delay: p.cfg.StoreBackoff.Delay(1), Err: fmt.Errorf("dead letter: %w (cause: %w)", err, cause)})
+		// The decision is made: only the publish is retried, in place and
+		// with a growing backoff, never the handler.
+		err := p.untilDone(ctx, m, "publishing a dead letter", func() error { return p.cfg.DeadLetter(ctx, m, cause) })
+		if err != nil {
+			// The context ended: the message comes again and is decided anew.
+			return Decision{Action: Stop, Err: fmt.Errorf("dead letter: %w (cause: %w)", err, cause)}
 		}
 	} else {
 		p.cfg.Logger.Error("justonce consumer: message failed for good", "id", inbox.Mask(m.ID), "topic", m.Topic, "attempts", m.Attempt, "err", cause)
 	}
 	if keyed {
-		if _, err := p.cfg.Ledger.RecordFailure(ctx, p.request(m), m.Attempt, cause); err != nil {
-			// Published but not recorded: a redelivery fails and is
-			// dead-lettered again (dead letters are at-least-once).
-			p.cfg.Logger.Warn("justonce consumer: recording failure", "id", inbox.Mask(m.ID), "err", err)
+		err := p.untilDone(ctx, m, "recording a failure", func() error {
+			_, err := p.cfg.Ledger.RecordFailure(ctx, p.request(m), m.Attempt, cause)
+			if errors.Is(err, inbox.ErrCacheStale) {
+				// Recorded; only the Redis cache may answer stale until
+				// its entry expires. Nothing to retry.
+				p.cfg.Logger.Warn("justonce consumer: failure recorded, Redis cache not invalidated", "id", inbox.Mask(m.ID), "err", err)
+				return nil
+			}
+			if err != nil && !inbox.IsTransient(err) {
+				// Published but not recordable: a redelivery is
+				// dead-lettered again (dead letters are at-least-once).
+				p.cfg.Logger.Error("justonce consumer: dead-lettered but not recorded failed", "id", inbox.Mask(m.ID), "err", err)
+				return nil
+			}
+			return err
+		})
+		if err != nil {
+			return Decision{Action: Stop, Err: fmt.Errorf("record failure: %w (cause: %w)", err, cause)}
 		}
 	}
 	if p.cfg.Hooks.OnDeadLetter != nil {
 		p.cfg.Hooks.OnDeadLetter(m, cause)
 	}
 	return Decision{Action: Ack, DeadLettered: true, Err: cause}
+}
+
+// untilDone runs step until it returns nil, waiting StoreBackoff between
+// tries (growing, up to its Max), with one warning for the first failure
+// and one line when it succeeds after failing. It returns the last error
+// only when ctx ends first.
+func (p *Processor) untilDone(ctx context.Context, m *Message, what string, step func() error) error {
+	for n := 1; ; n++ {
+		err := step()
+		if err == nil {
+			if n > 1 {
+				p.cfg.Logger.Info("justonce consumer: "+what+" succeeded after retries", "id", inbox.Mask(m.ID), "tries", n)
+			}
+			return nil
+		}
+		if ctx.Err() != nil {
+			return err
+		}
+		if n == 1 {
+			p.cfg.Logger.Warn("justonce consumer: "+what+" failed, retrying", "id", inbox.Mask(m.ID), "err", err)
+		}
+		if p.cfg.Hooks.OnRetry != nil {
+			p.cfg.Hooks.OnRetry(m, err)
+		}
+		t := time.NewTimer(p.cfg.StoreBackoff.Delay(n))
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+	}
 }
 
 // runUndeduped runs a message that has no ID in a plain transaction.
