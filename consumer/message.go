@@ -2,7 +2,7 @@
 // handler run once per event ID: ID extraction, the ledger transaction,
 // retry with backoff, dead-lettering, batching and the decision to ack.
 //
-// Transports (transports/kafka, transports/nats) turn their messages into a
+// Transports (kafkainbox, natsinbox) turn their messages into a
 // *Message, call Processor.Process (or ProcessBatch), and ack, retry or stop
 // as the Decision says. Any other transport (RabbitMQ, SQS) is wrapped the
 // same way:

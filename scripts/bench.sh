@@ -8,7 +8,7 @@
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 BENCHTIME=${BENCHTIME:-1x}
-areas=(./inbox ./httpbridge ./transports/kafka ./transports/nats)
+areas=(./inbox ./httpbridge ./kafkainbox ./natsinbox)
 : > bench.out
 for a in "${areas[@]}"; do
   echo "== $a" | tee -a bench.out >&2

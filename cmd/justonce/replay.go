@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/justonce/justonce/consumer"
-	kafkainbox "github.com/justonce/justonce/transports/kafka"
-	natsinbox "github.com/justonce/justonce/transports/nats"
+	"github.com/justonce/justonce/kafkainbox"
+	"github.com/justonce/justonce/natsinbox"
 )
 
 const replayHelpCommon = `The command line cannot run your handler (it is your Go code), so this

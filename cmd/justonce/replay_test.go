@@ -14,7 +14,7 @@ import (
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/kafkaadmin"
 	"github.com/justonce/justonce/internal/testsvc"
-	kafkainbox "github.com/justonce/justonce/transports/kafka"
+	"github.com/justonce/justonce/kafkainbox"
 )
 
 func TestBinaryReplayDryRun(t *testing.T) {

@@ -36,9 +36,9 @@ import (
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/kafkaadmin"
 	"github.com/justonce/justonce/internal/svcenv"
+	"github.com/justonce/justonce/kafkainbox"
 	"github.com/justonce/justonce/migrations"
-	kafkainbox "github.com/justonce/justonce/transports/kafka"
-	natsinbox "github.com/justonce/justonce/transports/nats"
+	"github.com/justonce/justonce/natsinbox"
 )
 
 const scope = "payments" // shared by the HTTP route and both consumers

@@ -30,8 +30,8 @@ import (
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/kafkaadmin"
 	"github.com/justonce/justonce/internal/svcenv"
+	"github.com/justonce/justonce/kafkainbox"
 	"github.com/justonce/justonce/migrations"
-	kafkainbox "github.com/justonce/justonce/transports/kafka"
 )
 
 // Fault kinds, as counted in the summary.

@@ -20,8 +20,8 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
-	kafkainbox "github.com/justonce/justonce/transports/kafka"
-	natsinbox "github.com/justonce/justonce/transports/nats"
+	"github.com/justonce/justonce/kafkainbox"
+	"github.com/justonce/justonce/natsinbox"
 )
 
 const scope = "chaos"

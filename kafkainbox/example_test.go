@@ -18,8 +18,8 @@ import (
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/kafkainbox"
 	"github.com/justonce/justonce/migrations"
-	kafkainbox "github.com/justonce/justonce/transports/kafka"
 )
 
 // A billing consumer: each order event creates one invoice, in the same

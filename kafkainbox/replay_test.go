@@ -9,7 +9,7 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/internal/testsvc"
-	kafkainbox "github.com/justonce/justonce/transports/kafka"
+	"github.com/justonce/justonce/kafkainbox"
 )
 
 // Replaying a topic through the same handler runs only what the ledger has

@@ -3,13 +3,12 @@
 // that records the ID in the justonce ledger, and the message is acked only
 // after that transaction commits.
 //
-// The package lives in transports/nats but is named natsinbox, so that it
-// can be imported next to nats.go's nats and jetstream packages without an
-// alias:
+// Its name does not clash with nats.go's nats and jetstream packages, so
+// they import side by side without an alias:
 //
 //	import (
 //		"github.com/nats-io/nats.go"
-//		natsinbox "github.com/justonce/justonce/transports/nats"
+//		"github.com/justonce/justonce/natsinbox"
 //	)
 //
 // # JetStream

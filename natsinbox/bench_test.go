@@ -28,7 +28,7 @@ import (
 // the paired ratios; batch mode is measured against the same bare
 // per-event consumer.
 //
-//	go test -run '^$' -bench WrappedVsBare -benchtime 4000x ./transports/nats/
+//	go test -run '^$' -bench WrappedVsBare -benchtime 4000x ./natsinbox/
 func BenchmarkWrappedVsBare(b *testing.B) {
 	for _, tc := range []struct {
 		name        string

@@ -18,7 +18,7 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/internal/testsvc"
-	kafkainbox "github.com/justonce/justonce/transports/kafka"
+	"github.com/justonce/justonce/kafkainbox"
 )
 
 // txnProduce writes msgs to partition of topic in one transaction of a

@@ -21,7 +21,7 @@ import (
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/testsvc"
 	"github.com/justonce/justonce/migrations"
-	natsinbox "github.com/justonce/justonce/transports/nats"
+	"github.com/justonce/justonce/natsinbox"
 )
 
 // A JetStream consumer that creates one invoice per order, however often

@@ -6,9 +6,9 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/consumer/consumertest"
 	"github.com/justonce/justonce/internal/testsvc"
-	kafkainbox "github.com/justonce/justonce/transports/kafka"
-	"github.com/justonce/justonce/transports/transporttest"
+	"github.com/justonce/justonce/kafkainbox"
 )
 
 // harness adapts the Kafka consumer to the transport conformance suite.
@@ -16,7 +16,7 @@ type harness struct{ brokers []string }
 
 func (h *harness) NewTopic(t *testing.T) string { return newTopic(t, h.brokers, 4) }
 
-func (h *harness) Publish(t *testing.T, topic string, msgs []transporttest.Msg) {
+func (h *harness) Publish(t *testing.T, topic string, msgs []consumertest.Msg) {
 	out := make([]kafka.Message, len(msgs))
 	for i, m := range msgs {
 		var key []byte
@@ -32,7 +32,7 @@ func (h *harness) Publish(t *testing.T, topic string, msgs []transporttest.Msg) 
 	publish(t, h.brokers, topic, out...)
 }
 
-func (h *harness) Start(t *testing.T, topic, group string, opts transporttest.Options) func() {
+func (h *harness) Start(t *testing.T, topic, group string, opts consumertest.Options) func() {
 	return start(t, kafkainbox.Config{
 		Brokers:   h.brokers,
 		Topic:     topic,
@@ -42,10 +42,10 @@ func (h *harness) Start(t *testing.T, topic, group string, opts transporttest.Op
 	}, opts.Handler)
 }
 
-func (h *harness) DeadLetters(t *testing.T, topic string) []transporttest.DeadLetter {
-	var out []transporttest.DeadLetter
+func (h *harness) DeadLetters(t *testing.T, topic string) []consumertest.DeadLetter {
+	var out []consumertest.DeadLetter
 	for _, m := range readAll(t, h.brokers, topic+kafkainbox.DefaultDeadLetterSuffix) {
-		dl := transporttest.DeadLetter{Value: m.Value, Headers: map[string]string{}}
+		dl := consumertest.DeadLetter{Value: m.Value, Headers: map[string]string{}}
 		for _, hd := range m.Headers {
 			dl.Headers[hd.Key] = string(hd.Value)
 		}
@@ -57,5 +57,5 @@ func (h *harness) DeadLetters(t *testing.T, topic string) []transporttest.DeadLe
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	transporttest.Run(t, &harness{brokers: testsvc.KafkaBrokers(t)}, transporttest.Features{Batch: true, SharedGroup: true})
+	consumertest.Run(t, &harness{brokers: testsvc.KafkaBrokers(t)}, consumertest.Features{Batch: true, SharedGroup: true})
 }

@@ -1,4 +1,4 @@
-// Package transporttest is the delivery-guarantee suite every transport
+// Package consumertest is the delivery-guarantee suite every transport
 // adapter must pass (like Watermill's pubsub/tests): duplicates run once,
 // poison messages are dead-lettered while the rest flows, hostile handlers
 // (one that ignores a SQL error, one whose deferred constraint fails at
@@ -8,7 +8,7 @@
 // brokers and a real Postgres.
 //
 // An adapter implements Harness and calls Run from a test.
-package transporttest
+package consumertest
 
 import (
 	"context"

@@ -13,7 +13,7 @@ import (
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/testsvc"
-	kafkainbox "github.com/justonce/justonce/transports/kafka"
+	"github.com/justonce/justonce/kafkainbox"
 )
 
 // BenchmarkConsumer consumes the same 5,000 events (4 partitions) with:

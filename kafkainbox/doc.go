@@ -4,12 +4,12 @@
 // a crash between the database commit and the offset commit, producer
 // retries, replays).
 //
-// The package lives in transports/kafka but is named kafkainbox, so that it
-// can be imported next to kafka-go (package kafka) without an alias:
+// Its name does not clash with kafka-go's package kafka, so both import
+// without an alias:
 //
 //	import (
 //		"github.com/segmentio/kafka-go"
-//		kafkainbox "github.com/justonce/justonce/transports/kafka"
+//		"github.com/justonce/justonce/kafkainbox"
 //	)
 //
 // A Consumer reads one topic as a member of a consumer group. For each

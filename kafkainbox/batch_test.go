@@ -15,7 +15,7 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/internal/testsvc"
-	kafkainbox "github.com/justonce/justonce/transports/kafka"
+	"github.com/justonce/justonce/kafkainbox"
 )
 
 // Batch mode keeps the guarantees: duplicates (in a batch, across batches,

@@ -11,8 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/consumer/consumertest"
 	"github.com/justonce/justonce/internal/testsvc"
-	"github.com/justonce/justonce/transports/transporttest"
 )
 
 // harness adapts JetStream to the transport conformance suite.
@@ -35,7 +35,7 @@ func (h *harness) NewTopic(t *testing.T) string {
 // wants every message to arrive, so a message JetStream reports as a
 // duplicate is published again until the window has passed and it is
 // stored (the PubAck says so: no sleep-and-hope).
-func (h *harness) Publish(t *testing.T, topic string, msgs []transporttest.Msg) {
+func (h *harness) Publish(t *testing.T, topic string, msgs []consumertest.Msg) {
 	for _, m := range msgs {
 		deadline := time.Now().Add(10 * time.Second)
 		for h.env.publish(t, topic, m.ID, m.Value).Duplicate {
@@ -45,7 +45,7 @@ func (h *harness) Publish(t *testing.T, topic string, msgs []transporttest.Msg) 
 	}
 }
 
-func (h *harness) Start(t *testing.T, topic, group string, opts transporttest.Options) (stop func()) {
+func (h *harness) Start(t *testing.T, topic, group string, opts consumertest.Options) (stop func()) {
 	nc, err := nats.Connect(h.env.url)
 	require.NoError(t, err)
 	c, err := New(Config{
@@ -75,10 +75,10 @@ func (h *harness) Start(t *testing.T, topic, group string, opts transporttest.Op
 	}
 }
 
-func (h *harness) DeadLetters(t *testing.T, topic string) []transporttest.DeadLetter {
-	var out []transporttest.DeadLetter
+func (h *harness) DeadLetters(t *testing.T, topic string) []consumertest.DeadLetter {
+	var out []consumertest.DeadLetter
 	for _, m := range h.env.deadLetters(t, topic) {
-		dl := transporttest.DeadLetter{Value: m.Data, Headers: map[string]string{}}
+		dl := consumertest.DeadLetter{Value: m.Data, Headers: map[string]string{}}
 		for k, vs := range m.Header {
 			if len(vs) > 0 {
 				dl.Headers[k] = vs[0]
@@ -92,5 +92,5 @@ func (h *harness) DeadLetters(t *testing.T, topic string) []transporttest.DeadLe
 
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	transporttest.Run(t, &harness{env: newEnv(t)}, transporttest.Features{Batch: true, SharedGroup: true})
+	consumertest.Run(t, &harness{env: newEnv(t)}, consumertest.Features{Batch: true, SharedGroup: true})
 }
