@@ -170,9 +170,7 @@ func FirstID(fns ...IDFunc) IDFunc {
 	}
 }
 
-// DefaultKafkaID reads the CloudEvents binary-mode ce_id header, then
+// DefaultID reads the CloudEvents binary-mode ce_id header (ce-id), then
 // event-id, then Idempotency-Key.
-var DefaultKafkaID = HeaderID("ce_id", "ce-id", "event-id", "Idempotency-Key")
+var DefaultID = HeaderID("ce_id", "ce-id", "event-id", "Idempotency-Key")
 
-// DefaultNATSID reads Nats-Msg-Id, then the CloudEvents ce-id header.
-var DefaultNATSID = HeaderID("Nats-Msg-Id", "ce-id", "ce_id", "event-id", "Idempotency-Key")

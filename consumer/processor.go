@@ -81,12 +81,13 @@ type Config struct {
 	// Tenant extracts the tenant from a message. Nil: no tenants.
 	Tenant func(*Message) string
 	// ID extracts the event ID. Transports set their default (Kafka:
-	// DefaultKafkaID; NATS: DefaultNATSID).
+	// DefaultID; NATS: natsinbox.DefaultID). Default: DefaultID.
 	ID IDFunc
 	// AllowNoID runs messages without an ID in a plain transaction, with no
 	// dedupe. Default false: they are dead-lettered.
 	AllowNoID bool
-	// Source is recorded in the ledger (kafka, nats, ...).
+	// Source is recorded in the ledger (each front sets its own: kafka,
+	// nats, ...).
 	Source inbox.Source
 	// TTL of ledger rows; 0 uses the ledger default. Keep it longer than
 	// the redelivery horizon (Kafka retention you may replay, JetStream
@@ -156,7 +157,7 @@ func New(cfg Config, h Handler) (*Processor, error) {
 		return nil, fmt.Errorf("%w: nil handler", inbox.ErrConfig)
 	}
 	if cfg.ID == nil {
-		cfg.ID = FirstID(DefaultKafkaID, DefaultNATSID)
+		cfg.ID = DefaultID
 	}
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 5

@@ -36,7 +36,7 @@ func setup(t *testing.T) *fx {
 
 func (f *fx) cfg() consumer.Config {
 	return consumer.Config{
-		Ledger: f.ledger, Scope: "test", Source: inbox.SourceKafka, MaxAttempts: 3,
+		Ledger: f.ledger, Scope: "test", Source: inbox.Source("kafka"), MaxAttempts: 3,
 		Backoff: consumer.Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond},
 		DeadLetter: func(_ context.Context, m *consumer.Message, _ error) error {
 			f.mu.Lock()
@@ -163,7 +163,7 @@ func TestIDExtractors(t *testing.T) {
 	_, err = consumer.JSONField("missing")(m)
 	require.ErrorIs(t, err, consumer.ErrNoID)
 	m.Headers = []consumer.Header{{Key: "EVENT-ID", Value: []byte("h1")}}
-	id, err = consumer.DefaultKafkaID(m)
+	id, err = consumer.DefaultID(m)
 	require.NoError(t, err)
 	require.Equal(t, "h1", id)
 	id, err = consumer.FirstID(consumer.HeaderID("x"), consumer.JSONField("type"))(m)
@@ -183,7 +183,7 @@ func TestSetResultIsStored(t *testing.T) {
 	rec, err := f.ledger.Lookup(context.Background(), inbox.Key{Scope: "test", ID: "r1"})
 	require.NoError(t, err)
 	require.Equal(t, 201, rec.Result.Code)
-	require.Equal(t, inbox.SourceKafka, rec.Source)
+	require.Equal(t, inbox.Source("kafka"), rec.Source)
 }
 
 func TestBatchIsolatesPoison(t *testing.T) {

@@ -113,7 +113,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req := inbox.Request{
 		Key:         inbox.Key{Scope: h.rt.Scope, ID: key},
 		Fingerprint: fp,
-		Source:      inbox.SourceHTTP,
+		Source:      Source,
 		TTL:         h.rt.TTL,
 		LockWait:    h.rt.LockWait,
 	}

@@ -45,7 +45,7 @@ func TestReplayIsIdenticalToFirstResponse(t *testing.T) {
 
 		rec, err := b.ledger.Lookup(context.Background(), inbox.Key{Scope: "orders", ID: "k-1"})
 		require.NoError(t, err)
-		require.Equal(t, inbox.SourceHTTP, rec.Source)
+		require.Equal(t, httpbridge.Source, rec.Source)
 		require.Equal(t, http.StatusCreated, rec.Result.Code)
 		require.NotContains(t, rec.Result.Header, "Set-Cookie", "credentials are never stored")
 		require.Equal(t, string(first.Body), string(rec.Result.Body))
@@ -349,7 +349,7 @@ func consume(t *testing.T, b *bundle, key string, res inbox.Result) inbox.Outcom
 	t.Helper()
 	out, err := b.ledger.Do(context.Background(), inbox.Request{
 		Key:    inbox.Key{Scope: "orders", ID: key},
-		Source: inbox.SourceKafka,
+		Source: inbox.Source("kafka"),
 	}, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 		_, err := tx.Exec(ctx, `INSERT INTO orders (body) VALUES ('from kafka')`)
 		return res, err
@@ -366,7 +366,7 @@ func TestHTTPThenConsumerRunsOnce(t *testing.T) {
 		require.Equal(t, http.StatusCreated, post(h, "evt-1", `{"a":1}`).Code)
 		out := consume(t, b, "evt-1", inbox.Result{})
 		require.Equal(t, inbox.Duplicate, out.Disposition)
-		require.Equal(t, inbox.SourceHTTP, out.Record.Source)
+		require.Equal(t, httpbridge.Source, out.Record.Source)
 		require.Equal(t, 1, b.orders(t))
 	})
 }
@@ -405,7 +405,7 @@ func TestKeyDeadLetteredByConsumer(t *testing.T) {
 		a := &app{}
 		h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders"})(a)
 		ok, err := b.ledger.RecordFailure(context.Background(), inbox.Request{
-			Key: inbox.Key{Scope: "orders", ID: "dead"}, Source: inbox.SourceKafka,
+			Key: inbox.Key{Scope: "orders", ID: "dead"}, Source: inbox.Source("kafka"),
 		}, 5, errors.New("poison: secret internal detail"))
 		require.NoError(t, err)
 		require.True(t, ok)

@@ -2,6 +2,7 @@ package httpbridge
 
 import (
 	"context"
+	"github.com/justonce/justonce/inbox"
 
 	"github.com/jackc/pgx/v5"
 )
@@ -49,3 +50,7 @@ func Key(ctx context.Context) (string, bool) {
 	k, ok := ctx.Value(keyKey).(string)
 	return k, ok
 }
+
+// Source is what the ledger records as the source of the requests the
+// bridge runs.
+const Source inbox.Source = "http"

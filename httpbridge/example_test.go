@@ -78,7 +78,7 @@ func ExampleBridge_Route_sharedWithConsumer() {
 
 	// What the consumer runtime does for event "evt-42" (consumer package).
 	_, _ = ledger.Do(context.Background(), inbox.Request{
-		Key: inbox.Key{Scope: "payments", ID: "evt-42"}, Source: inbox.SourceKafka,
+		Key: inbox.Key{Scope: "payments", ID: "evt-42"}, Source: inbox.Source("kafka"),
 	}, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 		_, err := tx.Exec(ctx, `INSERT INTO orders (body) VALUES ('paid')`)
 		return inbox.Result{}, err

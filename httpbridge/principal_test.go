@@ -116,7 +116,7 @@ func TestPrincipalShared(t *testing.T) {
 	require.EqualValues(t, 1, a.runs.Load())
 
 	// A consumer's event with the same ID is a duplicate of the request.
-	out, err := b.ledger.Do(context.Background(), inbox.Request{Key: inbox.Key{Scope: "orders", ID: "evt-1"}, Source: inbox.SourceKafka},
+	out, err := b.ledger.Do(context.Background(), inbox.Request{Key: inbox.Key{Scope: "orders", ID: "evt-1"}, Source: inbox.Source("kafka")},
 		func(context.Context, pgx.Tx) (inbox.Result, error) { return inbox.Result{}, nil })
 	require.NoError(t, err)
 	require.Equal(t, inbox.Duplicate, out.Disposition)

@@ -33,7 +33,7 @@ func setup(t *testing.T, cfg inbox.Config, opts ...testsvc.PGOption) *bundle {
 }
 
 func req(scope, id string) inbox.Request {
-	return inbox.Request{Key: inbox.Key{Scope: scope, ID: id}, Source: inbox.SourceKafka}
+	return inbox.Request{Key: inbox.Key{Scope: scope, ID: id}, Source: inbox.Source("kafka")}
 }
 
 // pay is a handler with one business write.
@@ -103,7 +103,7 @@ func TestDuplicateReturnsStoredResult(t *testing.T) {
 	require.Zero(t, ran.Load())
 	require.Equal(t, first.Result, dup.Result)
 	require.Equal(t, inbox.StatusDone, dup.Record.Status)
-	require.Equal(t, inbox.SourceKafka, dup.Record.Source)
+	require.Equal(t, inbox.Source("kafka"), dup.Record.Source)
 	require.False(t, dup.Record.CompletedAt.IsZero())
 
 	r.Fingerprint = []byte("fp2")

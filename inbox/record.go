@@ -19,15 +19,10 @@ const (
 	StatusFailed Status = "failed"
 )
 
-// Source says which path ran an event.
+// Source says which path ran an event: each front records its own
+// ("kafka", "nats", "http", ...).
 type Source string
 
-// Well-known sources. Any other short string is allowed.
-const (
-	SourceHTTP  Source = "http"
-	SourceKafka Source = "kafka"
-	SourceNATS  Source = "nats"
-)
 
 // Result is what a handler recorded: for HTTP the response's status code,
 // headers and body; for consumers whatever the handler chose (often nothing).

@@ -65,9 +65,9 @@ func BenchmarkConsumer(b *testing.B) {
 			if i == 0 {
 				first = time.Now()
 			}
-			id, _ := consumer.DefaultKafkaID(&consumer.Message{Headers: []consumer.Header{{Key: m.Headers[0].Key, Value: m.Headers[0].Value}}})
+			id, _ := consumer.DefaultID(&consumer.Message{Headers: []consumer.Header{{Key: m.Headers[0].Key, Value: m.Headers[0].Value}}})
 			if useLedger {
-				_, err = ledger.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "bench", ID: id}, Source: inbox.SourceKafka},
+				_, err = ledger.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "bench", ID: id}, Source: kafkainbox.Source},
 					func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 						return inbox.Result{}, insert(ctx, tx, id, m.Value)
 					})

@@ -72,8 +72,8 @@ type Config struct {
 	GroupID string
 
 	// Processor configures the exactly-once runtime. Ledger is required.
-	// Defaults set here: Scope = GroupID, ID = consumer.DefaultKafkaID,
-	// Source = inbox.SourceKafka, DeadLetter = publish to DeadLetterTopic.
+	// Defaults set here: Scope = GroupID, ID = DefaultID,
+	// Source = Source ("kafka"), DeadLetter = publish to DeadLetterTopic.
 	// Its Logger also receives this package's and kafka-go's warnings.
 	Processor consumer.Config
 
@@ -195,10 +195,10 @@ func (c Config) withDefaults() Config {
 		c.Processor.Scope = c.GroupID
 	}
 	if c.Processor.ID == nil {
-		c.Processor.ID = consumer.DefaultKafkaID
+		c.Processor.ID = DefaultID
 	}
 	if c.Processor.Source == "" {
-		c.Processor.Source = inbox.SourceKafka
+		c.Processor.Source = Source
 	}
 	c.DeadLetterTopic = c.deadLetterTopic()
 	if c.Concurrency == 0 {

@@ -56,7 +56,7 @@ func TestConfig(t *testing.T) {
 	require.NoError(t, err)
 	got := c.Config()
 	require.Equal(t, "billing", got.Processor.Scope, "scope defaults to the group")
-	require.Equal(t, inbox.SourceKafka, got.Processor.Source)
+	require.Equal(t, kafkainbox.Source, got.Processor.Source)
 	require.Equal(t, "orders.dlq", got.DeadLetterTopic)
 	require.NotNil(t, got.Processor.DeadLetter)
 	require.Equal(t, 1, got.Concurrency)

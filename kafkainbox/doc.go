@@ -13,7 +13,7 @@
 //	)
 //
 // A Consumer reads one topic as a member of a consumer group. For each
-// message it extracts the event ID (consumer.DefaultKafkaID: the CloudEvents
+// message it extracts the event ID (DefaultID: the CloudEvents
 // ce_id header, then event-id, then Idempotency-Key), claims it in the ledger
 // and runs the handler in the same transaction (consumer.Processor). A
 // duplicate is acknowledged without running the handler. The handler's

@@ -1,13 +1,14 @@
 package kafkainbox
 
 import (
+	"github.com/justonce/justonce/inbox"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/justonce/justonce/consumer"
 )
 
 // HeaderEventID is the header NewMessage puts the event ID in; the default
-// ID extractor (consumer.DefaultKafkaID) reads it.
+// ID extractor (DefaultID) reads it.
 const HeaderEventID = "event-id"
 
 // NewMessage returns a message for kafka.Writer.WriteMessages that carries
@@ -51,3 +52,12 @@ func toKafkaHeaders(hs []consumer.Header) []kafka.Header {
 	}
 	return out
 }
+
+// Source is what the ledger records as the source of the events this
+// front runs.
+const Source inbox.Source = "kafka"
+
+// DefaultID is the front's event ID extractor: consumer.DefaultID, the
+// CloudEvents ce_id header, then event-id (HeaderEventID), then
+// Idempotency-Key.
+var DefaultID = consumer.DefaultID

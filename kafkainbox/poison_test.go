@@ -113,7 +113,7 @@ func TestPoisonMessageDeadLetteredAndPartitionFlows(t *testing.T) {
 	rec, err := fx.ledger.Lookup(context.Background(), inbox.Key{Scope: group, ID: "poison"})
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusFailed, rec.Status)
-	require.Equal(t, inbox.SourceKafka, rec.Source)
+	require.Equal(t, kafkainbox.Source, rec.Source)
 
 	// Order within the hot partition: effects in offset order.
 	rows, err := fx.pg.Pool.Query(context.Background(), `SELECT off FROM effects WHERE event_id LIKE 'hot-%' ORDER BY n`)

@@ -35,9 +35,9 @@ func TestConsumerCollector(t *testing.T) {
 	p, err := consumer.New(consumer.Config{
 		Ledger:      l,
 		Scope:       "orders",
-		Source:      inbox.SourceKafka,
+		Source:      inbox.Source("kafka"),
 		MaxAttempts: 2,
-		Hooks:       cc.Hooks("orders", inbox.SourceKafka),
+		Hooks:       cc.Hooks("orders", inbox.Source("kafka")),
 		Middleware:  []consumer.Middleware{metrics.TracingMiddleware(tp, "orders")},
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		switch string(m.Value) {

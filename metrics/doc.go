@@ -6,8 +6,8 @@
 //	reg.MustRegister(metrics.NewLedgerCollector(ledger, metrics.LedgerConfig{}))
 //	cm := metrics.NewConsumerCollector(metrics.ConsumerConfig{})
 //	reg.MustRegister(cm)
-//	cfg := consumer.Config{Ledger: ledger, Scope: "billing", Source: inbox.SourceKafka,
-//		Hooks: cm.Hooks("billing", inbox.SourceKafka)}
+//	cfg := consumer.Config{Ledger: ledger, Scope: "billing", Source: inbox.Source("kafka"),
+//		Hooks: cm.Hooks("billing", inbox.Source("kafka"))}
 //
 // # Metrics
 //

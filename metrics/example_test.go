@@ -67,8 +67,8 @@ func ExampleConsumerCollector_Hooks() {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(cc)
 
-	hooks := cc.Hooks("billing", inbox.SourceKafka)
-	_ = consumer.Config{Scope: "billing", Source: inbox.SourceKafka, Hooks: hooks} // with Ledger and a handler: consumer.New
+	hooks := cc.Hooks("billing", inbox.Source("kafka"))
+	_ = consumer.Config{Scope: "billing", Source: inbox.Source("kafka"), Hooks: hooks} // with Ledger and a handler: consumer.New
 
 	m := &consumer.Message{ID: "evt-1", Topic: "payments"}
 	hooks.OnOutcome(m, inbox.Outcome{Disposition: inbox.Executed}, 3*time.Millisecond)

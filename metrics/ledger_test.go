@@ -37,7 +37,7 @@ func TestLedgerCollector(t *testing.T) {
 		MustRegister(metrics.NewLedgerCollector(l2, metrics.LedgerConfig{DisableStats: true}))
 
 	req := func(scope, id string, fp ...byte) inbox.Request {
-		return inbox.Request{Key: inbox.Key{Scope: scope, ID: id}, Source: inbox.SourceKafka, Fingerprint: fp}
+		return inbox.Request{Key: inbox.Key{Scope: scope, ID: id}, Source: inbox.Source("kafka"), Fingerprint: fp}
 	}
 	want := func(r inbox.Request, fn inbox.TxFunc, d inbox.Disposition, cached bool) {
 		t.Helper()

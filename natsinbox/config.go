@@ -37,8 +37,8 @@ type Config struct {
 	Handler consumer.Handler
 	// Processor configures the runtime; Processor.Ledger is required.
 	// Defaults: Scope is Durable (JetStream) or Queue, else Subject (core);
-	// ID is consumer.DefaultNATSID (Nats-Msg-Id first); Source is
-	// inbox.SourceNATS; DeadLetter publishes to the dead-letter subject.
+	// ID is DefaultID (Nats-Msg-Id first); Source is
+	// Source ("nats"); DeadLetter publishes to the dead-letter subject.
 	Processor consumer.Config
 
 	// Stream is the JetStream stream to consume (JetStream mode).
@@ -153,10 +153,10 @@ func (c Config) withDefaults() Config {
 		}
 	}
 	if p.ID == nil {
-		p.ID = consumer.DefaultNATSID
+		p.ID = DefaultID
 	}
 	if p.Source == "" {
-		p.Source = inbox.SourceNATS
+		p.Source = Source
 	}
 	return c
 }

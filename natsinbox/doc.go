@@ -81,9 +81,9 @@
 // worker are not heartbeated, and a redelivered copy of one is answered
 // by the ledger (in flight, then duplicate) rather than run twice.
 //
-// The event ID defaults to the Nats-Msg-Id header (consumer.DefaultNATSID),
+// The event ID defaults to the Nats-Msg-Id header (DefaultID),
 // the ledger scope to the durable name and the recorded source to
-// inbox.SourceNATS.
+// Source.
 //
 // Why the ledger is needed with JetStream: JetStream drops a republished
 // Nats-Msg-Id only inside the stream's duplicate window (2 minutes by

@@ -61,7 +61,7 @@ func TestRepublishedEventRunsOnce(t *testing.T) {
 	}, "every copy acked")
 	rec, err := fx.ledger.Lookup(context.Background(), inbox.Key{Scope: "billing", ID: id})
 	require.NoError(t, err)
-	require.Equal(t, inbox.SourceNATS, rec.Source)
+	require.Equal(t, Source, rec.Source)
 }
 
 // A handler slower than AckWait is kept with InProgress and runs once,
@@ -133,7 +133,7 @@ func TestScopeSharedWithKafka(t *testing.T) {
 	stream := e.stream(t, subject, 0)
 	const scope = "payments"
 	kcfg := fx.processor(scope)
-	kcfg.Source = inbox.SourceKafka
+	kcfg.Source = inbox.Source("kafka")
 	kafka, err := consumer.New(kcfg, fx.insert)
 	require.NoError(t, err)
 	fromKafka := func(id string) consumer.Decision {
@@ -222,7 +222,7 @@ func TestInFlightElsewhereWaitsInPlace(t *testing.T) {
 	holding, release := make(chan struct{}), make(chan struct{})
 	held := make(chan inbox.Outcome)
 	go func() {
-		out, err := fx.ledger.Do(context.Background(), inbox.Request{Key: inbox.Key{Scope: scope, ID: "evt"}, Source: inbox.SourceKafka},
+		out, err := fx.ledger.Do(context.Background(), inbox.Request{Key: inbox.Key{Scope: scope, ID: "evt"}, Source: inbox.Source("kafka")},
 			func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 				close(holding)
 				<-release
@@ -524,7 +524,7 @@ func TestConfigValidate(t *testing.T) {
 
 	d := ok.withDefaults()
 	require.Equal(t, "d", d.Processor.Scope, "scope defaults to the durable")
-	require.Equal(t, inbox.SourceNATS, d.Processor.Source)
+	require.Equal(t, Source, d.Processor.Source)
 	require.Equal(t, "q", core.withDefaults().Processor.Scope, "core: the queue group")
 }
 

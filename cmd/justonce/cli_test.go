@@ -193,15 +193,15 @@ func TestBinary(t *testing.T) {
 
 		// billing: two done (one with a stored response), one failed.
 		do(t, l, inbox.Request{Key: inbox.Key{Scope: "billing", Tenant: "acme", ID: uuidKey},
-			Source: inbox.SourceKafka, Fingerprint: []byte{1, 2, 3}, Principal: "svc-billing"},
+			Source: inbox.Source("kafka"), Fingerprint: []byte{1, 2, 3}, Principal: "svc-billing"},
 			inbox.Result{Code: 201, Header: map[string][]string{"Content-Type": {"text/plain"}}, Body: []byte("hello")})
-		do(t, l, inbox.Request{Key: inbox.Key{Scope: "billing", ID: "done-2"}, Source: inbox.SourceHTTP}, inbox.Result{})
-		failReq := inbox.Request{Key: inbox.Key{Scope: "billing", ID: "failed-3"}, Source: inbox.SourceNATS}
+		do(t, l, inbox.Request{Key: inbox.Key{Scope: "billing", ID: "done-2"}, Source: inbox.Source("http")}, inbox.Result{})
+		failReq := inbox.Request{Key: inbox.Key{Scope: "billing", ID: "failed-3"}, Source: inbox.Source("nats")}
 		ok, err := l.RecordFailure(ctx, failReq, 5, errors.New("card declined: boom"))
 		require.NoError(t, err)
 		require.True(t, ok)
 		// payments: a lease that ran out (its holder "crashed").
-		stuck := inbox.Request{Key: inbox.Key{Scope: "payments", ID: "stuck-lease-0001"}, Source: inbox.SourceHTTP}
+		stuck := inbox.Request{Key: inbox.Key{Scope: "payments", ID: "stuck-lease-0001"}, Source: inbox.Source("http")}
 		lease, _, err := l.Acquire(ctx, stuck, 50*time.Millisecond)
 		require.NoError(t, err)
 		require.NotNil(t, lease)
@@ -386,7 +386,7 @@ func TestBinary(t *testing.T) {
 		ctx := context.Background()
 		l, err := inbox.New(pg.Pool, inbox.Config{Schema: pg.Schema, Redis: &inbox.RedisConfig{Client: rc, Prefix: prefix}})
 		require.NoError(t, err)
-		req := inbox.Request{Key: inbox.Key{Scope: "http:/orders", Tenant: "t1", ID: "order-key-0001"}, Source: inbox.SourceHTTP}
+		req := inbox.Request{Key: inbox.Key{Scope: "http:/orders", Tenant: "t1", ID: "order-key-0001"}, Source: inbox.Source("http")}
 
 		do(t, l, req, inbox.Result{Code: 201, Body: []byte("order 1")})
 		out, err := l.Do(ctx, req, noop)
@@ -437,7 +437,7 @@ func TestBinary(t *testing.T) {
 		b := newBinary(t, "DATABASE_URL="+pg.URL, "JUSTONCE_SCHEMA="+pg.Schema)
 		l, err := inbox.New(pg.Pool, inbox.Config{Schema: pg.Schema, Redis: &inbox.RedisConfig{Client: rc}})
 		require.NoError(t, err)
-		req := inbox.Request{Key: inbox.Key{Scope: "http:/orders", ID: "order-key-0004"}, Source: inbox.SourceHTTP}
+		req := inbox.Request{Key: inbox.Key{Scope: "http:/orders", ID: "order-key-0004"}, Source: inbox.Source("http")}
 		do(t, l, req, inbox.Result{Code: 201})
 		out, err := l.Do(ctx, req, noop)
 		require.NoError(t, err)

@@ -151,7 +151,7 @@ func replayKafka(f *flags) runFunc {
 		if err != nil {
 			return err
 		}
-		p, done, err := rc.processor(ctx, db, consumer.DefaultKafkaID)
+		p, done, err := rc.processor(ctx, db, kafkainbox.DefaultID)
 		if err != nil {
 			return err
 		}
@@ -185,7 +185,7 @@ func replayNATS(f *flags) runFunc {
 		if err != nil {
 			return err
 		}
-		p, done, err := rc.processor(ctx, db, consumer.DefaultNATSID)
+		p, done, err := rc.processor(ctx, db, natsinbox.DefaultID)
 		if err != nil {
 			return err
 		}

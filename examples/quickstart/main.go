@@ -77,7 +77,7 @@ func run(ctx context.Context) error {
 		_, err := tx.Exec(ctx, `INSERT INTO order_payments (event_id, order_id, amount_cents) VALUES ($1, 'order-42', 1999)`, eventID)
 		return inbox.Result{Code: 201, Body: []byte(`{"order":"order-42","status":"paid"}`)}, err
 	}
-	req := inbox.Request{Key: inbox.Key{Scope: "payments", ID: eventID}, Source: inbox.SourceKafka}
+	req := inbox.Request{Key: inbox.Key{Scope: "payments", ID: eventID}, Source: "kafka"}
 
 	// 4. Deliver the event five times: three at once, then two redeliveries.
 	var wg sync.WaitGroup
