@@ -152,10 +152,18 @@ func (s *services) crash(ctx context.Context, service string) (time.Duration, er
 			return 0, fmt.Errorf("%s: %s still accepts connections 30 s after SIGKILL", service, addr)
 		}
 	}
-	if err := s.up(ctx, service); err != nil {
-		return time.Since(start), err
+	// The killed process's last threads may still hold its files (Kafka's
+	// data directory lock) for a moment after the port is free: a start
+	// that fails at once is tried again, a bounded number of times.
+	var upErr error
+	for try := 0; try < 4; try++ {
+		if upErr = s.up(ctx, service); upErr == nil {
+			return time.Since(start), nil
+		}
+		fmt.Fprintf(os.Stderr, "chaos: %s restart failed (try %d), retrying: %v\n", service, try+1, upErr)
+		time.Sleep(2 * time.Second)
 	}
-	return time.Since(start), nil
+	return time.Since(start), upErr
 }
 
 // up runs `services.sh up` for one service, bounded by 3 minutes.
