@@ -173,4 +173,3 @@ func FirstID(fns ...IDFunc) IDFunc {
 // DefaultID reads the CloudEvents binary-mode ce_id header (ce-id), then
 // event-id, then Idempotency-Key.
 var DefaultID = HeaderID("ce_id", "ce-id", "event-id", "Idempotency-Key")
-

@@ -271,7 +271,7 @@ func SetResult(ctx context.Context, res inbox.Result) {
 }
 
 func (p *Processor) request(m *Message) inbox.Request {
-	r := inbox.Request{Key: inbox.Key{Scope: p.cfg.Scope, ID: m.ID}, Source: p.cfg.Source, TTL: p.cfg.TTL, LockWait: -1}
+	r := inbox.Request{Key: inbox.Key{Scope: p.cfg.Scope, ID: m.ID}, Source: p.cfg.Source, TTL: p.cfg.TTL}
 	if p.cfg.Tenant != nil {
 		r.Tenant = p.cfg.Tenant(m)
 	}

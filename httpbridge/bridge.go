@@ -193,7 +193,7 @@ func (h *handler) serveTx(ctx context.Context, w http.ResponseWriter, r *http.Re
 // serveLeased runs the handler under a lease, outside any transaction.
 func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *http.Request, req inbox.Request, body []byte) {
 	s := h.s
-	lease, out, err := s.Ledger.Acquire(ctx, req, h.rt.LeaseDuration)
+	lease, out, err := s.Ledger.AcquireLease(ctx, req, h.rt.LeaseDuration)
 	if err != nil {
 		s.storeFailure(w, req, err)
 		return
@@ -224,7 +224,7 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 	defer fcancel()
 	release := func() {
 		stop()
-		if err := lease.Release(fctx); err != nil {
+		if err := lease.Abandon(fctx); err != nil {
 			s.Logger.Warn("justonce/httpbridge: lease not released; it will expire", "key", req.Key.String(), "err", err)
 		}
 	}

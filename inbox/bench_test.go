@@ -238,9 +238,9 @@ func BenchmarkDuplicateRedisVsPostgres(b *testing.B) {
 
 	// In flight: a lease holds the key in Postgres and a lock in Redis.
 	held := inbox.Request{Key: inbox.Key{Scope: "bench", ID: "held"}}
-	lease, _, err := pgOnly.Acquire(ctx, held, time.Hour)
+	lease, _, err := pgOnly.AcquireLease(ctx, held, time.Hour)
 	require.NoError(b, err)
-	defer func() { _ = lease.Release(ctx) }()
+	defer func() { _ = lease.Abandon(ctx) }()
 	_, lockKey := cached.RedisKeys(held.Key)
 	require.NoError(b, client.Set(ctx, lockKey, "holder", time.Hour).Err())
 	defer client.Del(ctx, lockKey)

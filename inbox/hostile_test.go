@@ -150,8 +150,9 @@ func TestCommitUnknown(t *testing.T) {
 
 func TestCancelledWaitIsReportedAsCancelled(t *testing.T) {
 	t.Parallel()
-	b := setup(t, inbox.Config{LockWait: time.Minute})
+	b := setup(t, inbox.Config{})
 	r := req("orders", "evt-held")
+	r.LockWait = time.Minute
 	holding, release := make(chan struct{}), make(chan struct{})
 	go func() {
 		_, _ = b.ledger.Do(context.Background(), r, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {

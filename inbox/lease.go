@@ -30,11 +30,11 @@ type Lease struct {
 // LeaseFunc is work run under a lease; token is the lease's fencing token.
 type LeaseFunc func(ctx context.Context, token int64) (Result, error)
 
-// Acquire claims req.Key with a lease of d (Config.LeaseDuration when 0).
+// AcquireLease claims req.Key with a lease of d (Config.LeaseDuration when 0).
 // When the key is claimed it returns a *Lease and an Outcome with no
 // Disposition; otherwise a nil Lease and the Outcome (Duplicate, InFlight,
 // Mismatch), waiting up to the lock wait while the key is held.
-func (l *Ledger) Acquire(ctx context.Context, req Request, d time.Duration) (*Lease, Outcome, error) {
+func (l *Ledger) AcquireLease(ctx context.Context, req Request, d time.Duration) (*Lease, Outcome, error) {
 	if err := l.Validate(req); err != nil {
 		return nil, Outcome{}, err
 	}
@@ -105,14 +105,14 @@ func (ls *Lease) Fail(ctx context.Context, cause error) error {
 	return ls.check(ok, err, "fail")
 }
 
-// Release gives the key up without a result, so that the next caller runs
+// Abandon gives the key up without a result, so that the next caller runs
 // the work again.
-func (ls *Lease) Release(ctx context.Context) error {
+func (ls *Lease) Abandon(ctx context.Context) error {
 	if err := ls.finish(); err != nil {
 		return err
 	}
 	ok, err := ls.l.store.leaseRelease(ctx, ls.l.pool, ls.req.Key, ls.token)
-	return ls.check(ok, err, "release lease")
+	return ls.check(ok, err, "abandon")
 }
 
 func (ls *Lease) finish() error {
@@ -172,7 +172,7 @@ func (ls *Lease) KeepAlive(ctx context.Context) (lost <-chan struct{}, stop func
 // effects outside the database are at-least-once, made safe by the fencing
 // token and by an idempotent downstream.
 func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn LeaseFunc) (Outcome, error) {
-	lease, out, err := l.Acquire(ctx, req, d)
+	lease, out, err := l.AcquireLease(ctx, req, d)
 	if err != nil || lease == nil {
 		return out, err
 	}
@@ -193,7 +193,7 @@ func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn 
 			if !ok {
 				stop()
 				rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				_ = lease.Release(rctx)
+				_ = lease.Abandon(rctx)
 				rcancel()
 			}
 		}()

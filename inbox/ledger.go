@@ -33,10 +33,6 @@ type Config struct {
 	DefaultTTL time.Duration
 	// MaxKeyLen limits each key part, in bytes. Default 255.
 	MaxKeyLen int
-	// LockWait is how long a call keeps trying while another caller holds
-	// the key, before answering InFlight; no connection is held while it
-	// waits. Default 0: answer InFlight at once.
-	LockWait time.Duration
 	// LeaseDuration is the default lease for lease mode. Default 30 s.
 	LeaseDuration time.Duration
 	// Owner names this process in lease rows. Default host:pid:random.
@@ -133,13 +129,7 @@ func (l *Ledger) ttl(r Request) time.Duration {
 }
 
 func (l *Ledger) lockWait(r Request) time.Duration {
-	switch {
-	case r.LockWait < 0:
-		return 0
-	case r.LockWait > 0:
-		return r.LockWait
-	}
-	return l.cfg.LockWait
+	return max(r.LockWait, 0)
 }
 
 // Validate checks a request's key and TTL without touching the database.

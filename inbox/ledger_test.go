@@ -234,11 +234,11 @@ func TestLeaseTakeoverAfterExpiry(t *testing.T) {
 	r := req("payments", "charge-1")
 	r.Fingerprint = []byte("fp")
 
-	l1, _, err := b.ledger.Acquire(ctx, r, 300*time.Millisecond)
+	l1, _, err := b.ledger.AcquireLease(ctx, r, 300*time.Millisecond)
 	require.NoError(t, err)
 	require.NotNil(t, l1)
 
-	l2, out, err := b.ledger.Acquire(ctx, r, time.Second)
+	l2, out, err := b.ledger.AcquireLease(ctx, r, time.Second)
 	require.NoError(t, err)
 	require.Nil(t, l2)
 	require.Equal(t, inbox.InFlight, out.Disposition)
@@ -247,7 +247,7 @@ func TestLeaseTakeoverAfterExpiry(t *testing.T) {
 	// The holder "crashes": its lease runs out and the key is taken over.
 	var l3 *inbox.Lease
 	testsvc.Eventually(t, 5*time.Second, func() bool {
-		l3, _, err = b.ledger.Acquire(ctx, r, time.Second)
+		l3, _, err = b.ledger.AcquireLease(ctx, r, time.Second)
 		require.NoError(t, err)
 		return l3 != nil
 	}, "lease taken over")
@@ -285,7 +285,7 @@ func TestDoLeasedRenewsAndReleasesOnError(t *testing.T) {
 		ran.Add(1)
 		deadline := time.Now().Add(600 * time.Millisecond)
 		for time.Now().Before(deadline) {
-			l, o, err := b.ledger.Acquire(ctx, r, time.Second)
+			l, o, err := b.ledger.AcquireLease(ctx, r, time.Second)
 			if err != nil || l != nil || o.Disposition != inbox.InFlight {
 				return inbox.Result{}, fmt.Errorf("lease not held: %v %v", err, o.Disposition)
 			}
@@ -316,7 +316,7 @@ func TestLockWaitPollsWithoutHoldingAConnection(t *testing.T) {
 	b := setup(t, inbox.Config{}, testsvc.MaxConns(2))
 	ctx := context.Background()
 	r := req("orders", "held")
-	lease, _, err := b.ledger.Acquire(ctx, r, time.Minute)
+	lease, _, err := b.ledger.AcquireLease(ctx, r, time.Minute)
 	require.NoError(t, err)
 
 	r.LockWait = 200 * time.Millisecond
@@ -337,7 +337,7 @@ func TestLockWaitPollsWithoutHoldingAConnection(t *testing.T) {
 	testsvc.Eventually(t, 5*time.Second, func() bool {
 		return b.ledger.Counters().InFlight >= 1 && b.pg.Pool.Stat().AcquiredConns() == 0
 	}, "waiting caller holds no connection")
-	require.NoError(t, lease.Release(ctx))
+	require.NoError(t, lease.Abandon(ctx))
 	select {
 	case out := <-done:
 		require.Equal(t, inbox.Executed, out.Disposition)
@@ -441,14 +441,15 @@ func TestJanitorDeletesOnlyExpired(t *testing.T) {
 	// A live lease past its retention is not deleted under its holder.
 	r := req("j", "leased")
 	r.TTL = time.Millisecond
-	lease, _, err := b.ledger.Acquire(ctx, r, time.Minute)
+	lease, _, err := b.ledger.AcquireLease(ctx, r, time.Minute)
 	require.NoError(t, err)
 	require.NotNil(t, lease)
 
 	testsvc.Eventually(t, 5*time.Second, func() bool {
 		return b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE expires_at <= now()`) == 26
 	}, "rows expire")
-	n := b.ledger.Sweep(ctx, inbox.JanitorConfig{BatchSize: 7})
+	n, err := b.ledger.Purge(ctx, inbox.JanitorConfig{BatchSize: 7})
+	require.NoError(t, err)
 	require.EqualValues(t, 25, n)
 	require.Equal(t, 0, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id LIKE 'old-%'`))
 	require.Equal(t, 10, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id LIKE 'new-%'`))
@@ -473,16 +474,13 @@ func TestJanitorOneInstanceAtATime(t *testing.T) {
 	lockSQL, lockKey := b.ledger.JanitorLockSQL()
 	_, err = tx.Exec(ctx, lockSQL, lockKey)
 	require.NoError(t, err)
-	n, locked, err := b.ledger.PurgeExpired(ctx, 10)
-	require.NoError(t, err)
-	require.False(t, locked)
+	n, err := b.ledger.Purge(ctx, inbox.JanitorConfig{BatchSize: 10})
+	require.ErrorIs(t, err, inbox.ErrJanitorBusy)
 	require.Zero(t, n)
-	require.Zero(t, b.ledger.Sweep(ctx, inbox.JanitorConfig{}))
 	require.NoError(t, tx.Rollback(ctx))
 
-	n, locked, err = b.ledger.PurgeExpired(ctx, 10)
+	n, err = b.ledger.Purge(ctx, inbox.JanitorConfig{BatchSize: 10})
 	require.NoError(t, err)
-	require.True(t, locked)
 	require.EqualValues(t, 1, n)
 }
 
@@ -528,7 +526,7 @@ func TestReleaseAndRecordFailure(t *testing.T) {
 	b := setup(t, inbox.Config{})
 	ctx := context.Background()
 	r := req("orders", "stuck")
-	lease, _, err := b.ledger.Acquire(ctx, r, time.Hour)
+	lease, _, err := b.ledger.AcquireLease(ctx, r, time.Hour)
 	require.NoError(t, err)
 	require.NotNil(t, lease)
 	ok, err := b.ledger.Release(ctx, r.Key)

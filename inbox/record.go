@@ -23,7 +23,6 @@ const (
 // ("kafka", "nats", "http", ...).
 type Source string
 
-
 // Result is what a handler recorded: for HTTP the response's status code,
 // headers and body; for consumers whatever the handler chose (often nothing).
 // A duplicate gets the stored Result back.
@@ -115,6 +114,7 @@ type Request struct {
 	TTL time.Duration
 	// LockWait is how long to keep trying while another caller holds the
 	// key, before answering InFlight. No connection is held while waiting.
-	// Zero uses the ledger default; negative answers InFlight at once.
+	// Zero (the default, and what consumers use: the broker redelivers)
+	// answers InFlight at once.
 	LockWait time.Duration
 }

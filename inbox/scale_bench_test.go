@@ -127,7 +127,7 @@ func BenchmarkJanitorUnderLoad(b *testing.B) {
 		defer close(done)
 		t0 := time.Now()
 		for ctx.Err() == nil {
-			d := l.Sweep(ctx, inbox.JanitorConfig{BatchSize: 1000, Pause: time.Millisecond})
+			d, _ := l.Purge(ctx, inbox.JanitorConfig{BatchSize: 1000, Pause: time.Millisecond})
 			deleted.Add(d)
 			if deleted.Load() >= int64(expired) || d == 0 {
 				break

@@ -80,7 +80,7 @@ func TestConsumerCollector(t *testing.T) {
 	process(msg("", "ok", 1), consumer.Ack, true)
 	process(msg(strings.Repeat("x", 300), "ok", 1), consumer.Ack, true)
 	// In flight: a lease holds the key; the attempt will be retried.
-	lease, _, err := l.Acquire(ctx, inbox.Request{Key: inbox.Key{Scope: "orders", ID: "order-000000009"}}, time.Minute)
+	lease, _, err := l.AcquireLease(ctx, inbox.Request{Key: inbox.Key{Scope: "orders", ID: "order-000000009"}}, time.Minute)
 	require.NoError(t, err)
 	require.NotNil(t, lease)
 	process(msg("order-000000009", "ok", 1), consumer.Retry, false)

@@ -71,7 +71,7 @@ func TestLedgerCollector(t *testing.T) {
 	})
 	require.EqualError(t, err, "boom")
 	// One in flight: a lease holds the key.
-	lease, _, err := l.Acquire(ctx, req("payments", "p1"), 100*time.Millisecond)
+	lease, _, err := l.AcquireLease(ctx, req("payments", "p1"), 100*time.Millisecond)
 	require.NoError(t, err)
 	require.NotNil(t, lease)
 	want(req("payments", "p1"), result(inbox.Result{}), inbox.InFlight, false)
@@ -79,7 +79,7 @@ func TestLedgerCollector(t *testing.T) {
 	// over (and crashes in turn, leaving a stuck key), the first one
 	// completes too late.
 	time.Sleep(150 * time.Millisecond)
-	lease2, _, err := l.Acquire(ctx, req("payments", "p1"), 50*time.Millisecond)
+	lease2, _, err := l.AcquireLease(ctx, req("payments", "p1"), 50*time.Millisecond)
 	require.NoError(t, err)
 	require.NotNil(t, lease2)
 	require.ErrorIs(t, lease.Complete(ctx, inbox.Result{}), inbox.ErrLeaseLost)

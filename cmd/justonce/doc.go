@@ -65,7 +65,7 @@
 // result_code, result_headers, result_body_bytes, fingerprint (hex), error);
 // times are RFC 3339 in UTC, null when unset. migrate status prints
 // {"schema","version","latest","pending"}, ledger purge
-// {"deleted","batches","busy"}, ledger release
+// {"deleted","busy"}, ledger release
 // {"scope","tenant","id" (masked),"released","was","cache","error"}, where
 // was is the row's state before (done, failed, processing, expired, absent)
 // and cache is invalidated, not_checked (no --redis-url), stale (not

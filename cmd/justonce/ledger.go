@@ -452,42 +452,24 @@ func ledgerPurge(f *flags) runFunc {
 			return err
 		}
 		defer done()
-		var deleted int64
-		batches, busy := 0, false
-		for {
-			n, locked, err := l.PurgeExpired(ctx, *batch)
-			if err != nil {
-				return fmt.Errorf("%w (deleted %d rows before)", err, deleted)
-			}
-			if !locked {
-				busy = batches == 0
-				break
-			}
-			deleted += n
-			batches++
-			if n < int64(*batch) {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("%w (deleted %d rows before)", ctx.Err(), deleted)
-			case <-time.After(*pause):
-			}
+		deleted, err := l.Purge(ctx, inbox.JanitorConfig{BatchSize: *batch, Pause: *pause})
+		busy := errors.Is(err, inbox.ErrJanitorBusy)
+		if err != nil && !busy {
+			return fmt.Errorf("%w (deleted %d rows before)", err, deleted)
 		}
 		if *asJSON {
 			return writeJSON(a.stdout, struct {
 				Deleted int64 `json:"deleted"`
-				Batches int   `json:"batches"`
-				// Busy: another instance held the janitor lock; nothing
-				// was deleted.
+				// Busy: another instance held the janitor lock and is
+				// purging; this run stopped (after Deleted rows).
 				Busy bool `json:"busy"`
-			}{deleted, batches, busy})
+			}{deleted, busy})
 		}
 		if busy {
-			fmt.Fprintln(a.stdout, "another instance holds the janitor lock and is purging; nothing deleted")
+			fmt.Fprintf(a.stdout, "another instance holds the janitor lock and is purging; deleted %d %s before it did\n", deleted, plural(deleted, "row", "rows"))
 			return nil
 		}
-		fmt.Fprintf(a.stdout, "deleted %d expired %s in %d %s\n", deleted, plural(deleted, "row", "rows"), batches, plural(int64(batches), "batch", "batches"))
+		fmt.Fprintf(a.stdout, "deleted %d expired %s\n", deleted, plural(deleted, "row", "rows"))
 		return nil
 	}
 }
