@@ -45,7 +45,8 @@ type Config struct {
 	// event. Default false: rows with a result get them; rows without keep
 	// the claim time as completed_at and no duration.
 	RecordDuration bool
-	// Logger receives warnings (Redis episodes, janitor failures). Keys are
+	// Logger receives warnings (Redis episodes, janitor failures), and so
+	// do the consumer runtime and the fronts built on this ledger. Keys are
 	// masked. Nil: silent.
 	Logger *slog.Logger
 }
@@ -115,6 +116,11 @@ func New(pool *pgxpool.Pool, cfg Config) (*Ledger, error) {
 
 // Pool returns the pool the ledger runs on.
 func (l *Ledger) Pool() *pgxpool.Pool { return l.pool }
+
+// Logger returns the ledger's logger (Config.Logger; a silent one when
+// unset). The runtime and the fronts built on a ledger log through it, so
+// one logger is set in one place.
+func (l *Ledger) Logger() *slog.Logger { return l.cfg.Logger }
 
 // TxFunc is a handler run inside the ledger's transaction. Its writes
 // through tx commit together with the ledger row, or not at all. It must not
