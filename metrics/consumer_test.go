@@ -18,6 +18,7 @@ import (
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/testsvc"
 	"github.com/justonce/justonce/metrics"
+	"github.com/justonce/justonce/tracing"
 )
 
 func TestConsumerCollector(t *testing.T) {
@@ -38,7 +39,7 @@ func TestConsumerCollector(t *testing.T) {
 		Source:      inbox.Source("kafka"),
 		MaxAttempts: 2,
 		Hooks:       cc.Hooks("orders", inbox.Source("kafka")),
-		Middleware:  []consumer.Middleware{metrics.TracingMiddleware(tp, "orders")},
+		Middleware:  []consumer.Middleware{tracing.Middleware(tp, "orders")},
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		switch string(m.Value) {
 		case "fail":
@@ -116,8 +117,8 @@ func TestConsumerCollector(t *testing.T) {
 	require.Len(t, spans, 6)
 	failed := 0
 	for _, s := range spans {
-		require.Equal(t, metrics.TracerName, s.tracer)
-		require.Equal(t, metrics.SpanName, s.name)
+		require.Equal(t, tracing.TracerName, s.tracer)
+		require.Equal(t, tracing.SpanName, s.name)
 		require.Equal(t, trace.SpanKindInternal, s.kind)
 		require.Equal(t, attribute.StringValue("orders"), s.attrs["justonce.scope"])
 		require.Equal(t, attribute.StringValue("orders.v1"), s.attrs["messaging.destination.name"])
@@ -134,7 +135,7 @@ func TestConsumerCollector(t *testing.T) {
 func TestTracingMiddlewarePanic(t *testing.T) {
 	t.Parallel()
 	tp := &recorder{}
-	h := metrics.TracingMiddleware(tp, "s")(func(context.Context, pgx.Tx, *consumer.Message) error { panic("bad") })
+	h := tracing.Middleware(tp, "s")(func(context.Context, pgx.Tx, *consumer.Message) error { panic("bad") })
 	require.PanicsWithValue(t, "bad", func() { _ = h(context.Background(), nil, &consumer.Message{ID: "1"}) })
 	spans := tp.ended()
 	require.Len(t, spans, 1)
@@ -142,7 +143,7 @@ func TestTracingMiddlewarePanic(t *testing.T) {
 
 	// Without a provider the handler runs as it is.
 	ran := false
-	h = metrics.TracingMiddleware(nil, "s")(func(context.Context, pgx.Tx, *consumer.Message) error { ran = true; return nil })
+	h = tracing.Middleware(nil, "s")(func(context.Context, pgx.Tx, *consumer.Message) error { ran = true; return nil })
 	require.NoError(t, h(context.Background(), nil, &consumer.Message{}))
 	require.True(t, ran)
 }

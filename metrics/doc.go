@@ -50,8 +50,5 @@
 // these metrics: stuck leases, in-flight (conflict) rate, fingerprint
 // mismatches, Redis fallback, dead letters.
 //
-// # Tracing
-//
-// TracingMiddleware puts an OpenTelemetry span around each handler run when
-// given a trace.TracerProvider.
+// Tracing is in package tracing.
 package metrics

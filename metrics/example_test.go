@@ -9,11 +9,9 @@ import (
 	"strings"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
@@ -98,22 +96,4 @@ func ExampleConsumerCollector_Hooks() {
 	// justonce_consumer_handler_duration_seconds disposition=duplicate scope=billing source=kafka: 1 observed
 	// justonce_consumer_handler_duration_seconds disposition=executed scope=billing source=kafka: 1 observed
 	// justonce_consumer_retries_total scope=billing source=kafka: 1
-}
-
-// Trace each handler run with the application's tracer provider.
-func ExampleTracingMiddleware() {
-	tp := noop.NewTracerProvider() // the application's: otel.GetTracerProvider()
-	handle := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		// The span is in ctx: trace.SpanFromContext(ctx).
-		return nil
-	}
-	cfg := consumer.Config{
-		Scope:      "billing",
-		Middleware: []consumer.Middleware{metrics.TracingMiddleware(tp, "billing")},
-	}
-	_ = cfg // with Ledger: consumer.New(cfg, handle)
-
-	traced := metrics.TracingMiddleware(tp, "billing")(handle)
-	fmt.Println(traced(context.Background(), nil, &consumer.Message{ID: "evt-1"}))
-	// Output: <nil>
 }

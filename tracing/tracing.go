@@ -1,4 +1,6 @@
-package metrics
+// Package tracing puts an OpenTelemetry span around each handler run of
+// the consumer runtime (Kafka, NATS or any other front).
+package tracing
 
 import (
 	"context"
@@ -13,14 +15,13 @@ import (
 	"github.com/justonce/justonce/inbox"
 )
 
-// TracerName is the instrumentation name of the spans TracingMiddleware
-// starts.
-const TracerName = "github.com/justonce/justonce/metrics"
+// TracerName is the instrumentation name of the spans Middleware starts.
+const TracerName = "github.com/justonce/justonce/tracing"
 
 // SpanName is the name of the span around a handler run.
 const SpanName = "justonce.handle"
 
-// TracingMiddleware returns a consumer.Middleware that starts a span named
+// Middleware returns a consumer.Middleware that starts a span named
 // SpanName around each handler run, a child of the span in the context the
 // transport passes (if any). The span carries the scope, the topic or
 // subject (messaging.destination.name), the masked event ID
@@ -30,8 +31,8 @@ const SpanName = "justonce.handle"
 // it, duplicates never reach it. A nil tp returns a middleware that does
 // nothing.
 //
-//	cfg.Middleware = append(cfg.Middleware, metrics.TracingMiddleware(otel.GetTracerProvider(), cfg.Scope))
-func TracingMiddleware(tp trace.TracerProvider, scope string) consumer.Middleware {
+//	cfg.Middleware = append(cfg.Middleware, tracing.Middleware(otel.GetTracerProvider(), cfg.Scope))
+func Middleware(tp trace.TracerProvider, scope string) consumer.Middleware {
 	if tp == nil {
 		return func(h consumer.Handler) consumer.Handler { return h }
 	}
