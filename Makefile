@@ -38,7 +38,7 @@ demo: services-up
 # fuzz: the fuzz targets of what parses untrusted input, 30 s each.
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 30s ./httpbridge
-	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime 30s ./httpbridge
+	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime 30s ./internal/fingerprint
 
 # chaos: the full fault-injection run (100,000 events per transport, 20 % duplicates,
 # >= 20 SIGKILLs of consumers, Postgres and Kafka crashes (SIGKILL + restart of the

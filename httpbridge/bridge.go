@@ -19,6 +19,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/fingerprint"
 )
 
 // Bridge gives net/http routes the Idempotency-Key behaviour on an
@@ -91,7 +92,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s := h.s
 	key, present, err := extractKey(r.Header, s.keyHeaders, h.rt.maxKeyLen, h.rt.KeyFormat)
 	if err != nil {
-		s.Logger.Debug("justonce/httpbridge: invalid key", "scope", h.rt.Scope, "reason", err.Error())
+		s.log.Debug("justonce/httpbridge: invalid key", "scope", h.rt.Scope, "reason", err.Error())
 		writeProblem(w, ProblemInvalidKey, http.StatusBadRequest, err.Error())
 		return
 	}
@@ -109,7 +110,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	fp := fingerprint(r, body, h.rt.FingerprintHeaders)
+	fp := fingerprint.Request(r, body, h.rt.FingerprintHeaders)
 	req := inbox.Request{
 		Key:         inbox.Key{Scope: h.rt.Scope, ID: key},
 		Fingerprint: fp,
@@ -135,7 +136,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeProblem(w, ProblemInvalidKey, http.StatusBadRequest, "the key is rejected by the ledger: "+ke.Reason)
 			return
 		}
-		s.Logger.Error("justonce/httpbridge: request key rejected by the ledger", "key", req.Key.String(), "err", err)
+		s.log.Error("justonce/httpbridge: request key rejected by the ledger", "key", req.Key.String(), "err", err)
 		writeInternal(w)
 		return
 	}
@@ -177,7 +178,7 @@ func (h *handler) serveTx(ctx context.Context, w http.ResponseWriter, r *http.Re
 	case pv != nil:
 		h.repanic(req, pv)
 	case errors.Is(err, errNotStored):
-		h.s.Logger.Debug("justonce/httpbridge: status not stored, rolled back", "key", req.Key.String(), "status", resp.code)
+		h.s.log.Debug("justonce/httpbridge: status not stored, rolled back", "key", req.Key.String(), "status", resp.code)
 		writeResponse(w, resp.code, resp.header, resp.body)
 	case errors.Is(err, errTooLarge):
 		h.tooLarge(w, req, resp, "it was rolled back: nothing was done, and the key is free")
@@ -225,7 +226,7 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 	release := func() {
 		stop()
 		if err := lease.Abandon(fctx); err != nil {
-			s.Logger.Warn("justonce/httpbridge: lease not released; it will expire", "key", req.Key.String(), "err", err)
+			s.log.Warn("justonce/httpbridge: lease not released; it will expire", "key", req.Key.String(), "err", err)
 		}
 	}
 	switch {
@@ -238,7 +239,7 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 		stop()
 		cause := fmt.Errorf("response of %d bytes is over the %d-byte store cap", resp.size, h.rt.MaxResponseBytes)
 		if err := lease.Fail(fctx, cause); err != nil {
-			s.Logger.Warn("justonce/httpbridge: lease not marked failed", "key", req.Key.String(), "err", err)
+			s.log.Warn("justonce/httpbridge: lease not marked failed", "key", req.Key.String(), "err", err)
 		}
 		h.tooLarge(w, req, resp, "the operation ran (lease mode) and will not run again under this key; its response is lost")
 	case !h.rt.Store(resp.code):
@@ -257,11 +258,11 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 		case err == nil:
 			writeResponse(w, resp.code, resp.header, resp.body)
 		case errors.Is(err, inbox.ErrLeaseLost):
-			s.Logger.Error("justonce/httpbridge: lease lost while the handler ran", "key", req.Key.String(), "err", err)
+			s.log.Error("justonce/httpbridge: lease lost while the handler ran", "key", req.Key.String(), "err", err)
 			writeProblem(w, ProblemLeaseLost, http.StatusInternalServerError,
 				"the handler outlived its lease; another attempt may have taken the key over")
 		case errors.Is(err, errCompleteGaveUp):
-			s.Logger.Error("justonce/httpbridge: lease-mode result not recorded; the key runs again once its lease expires",
+			s.log.Error("justonce/httpbridge: lease-mode result not recorded; the key runs again once its lease expires",
 				"key", req.Key.String(), "err", err)
 			writeProblem(w, ProblemStoreUnavailable, http.StatusServiceUnavailable,
 				"the operation ran, but the idempotency store was unavailable to record its result; a retry with the same key "+
@@ -301,7 +302,7 @@ func (h *handler) complete(ctx context.Context, lease *inbox.Lease, res inbox.Re
 			return err
 		}
 		last = err
-		s.Logger.Warn("justonce/httpbridge: recording a lease-mode result failed, will retry",
+		s.log.Warn("justonce/httpbridge: recording a lease-mode result failed, will retry",
 			"key", lease.Key().String(), "err", err)
 		t := time.NewTimer(backoff/2 + rand.N(backoff))
 		select {
@@ -395,14 +396,14 @@ func (h *handler) run(r *http.Request) (resp buffered, p *panicked) {
 // released, for the server (or an outer recovery middleware) to handle.
 func (h *handler) repanic(req inbox.Request, p *panicked) {
 	if p.value != http.ErrAbortHandler {
-		h.s.Logger.Error("justonce/httpbridge: handler panicked; rolled back, key released",
+		h.s.log.Error("justonce/httpbridge: handler panicked; rolled back, key released",
 			"key", req.Key.String(), "panic", fmt.Sprint(p.value), "stack", string(p.stack))
 	}
 	panic(p.value)
 }
 
 func (h *handler) tooLarge(w http.ResponseWriter, req inbox.Request, resp buffered, what string) {
-	h.s.Logger.Error("justonce/httpbridge: response over the store cap", "key", req.Key.String(),
+	h.s.log.Error("justonce/httpbridge: response over the store cap", "key", req.Key.String(),
 		"status", resp.code, "bytes", resp.size, "cap", h.rt.MaxResponseBytes)
 	writeProblem(w, ProblemResponseTooLarge, http.StatusInternalServerError,
 		fmt.Sprintf("the response (%d bytes) is over this endpoint's store cap of %d bytes; %s",
@@ -470,7 +471,7 @@ func (h *handler) quotaOK(ctx context.Context, w http.ResponseWriter, req inbox.
 	case err == nil:
 		return true
 	case errors.Is(err, inbox.ErrNotFound):
-		s.Logger.Info("justonce/httpbridge: live-key quota exceeded", "key", req.Key.String(), "live", n, "limit", limit)
+		s.log.Info("justonce/httpbridge: live-key quota exceeded", "key", req.Key.String(), "live", n, "limit", limit)
 		writeProblem(w, ProblemQuotaExceeded, http.StatusTooManyRequests,
 			fmt.Sprintf("this tenant holds %d live keys here, the limit is %d; keys are freed as they expire", n, limit))
 		return false
@@ -498,18 +499,18 @@ func (s *settings) result(k inbox.Key, resp buffered) (inbox.Result, error) {
 func (s *settings) answer(w http.ResponseWriter, req inbox.Request, out inbox.Outcome) {
 	switch out.Disposition {
 	case inbox.InFlight:
-		s.Logger.Debug("justonce/httpbridge: in flight", "key", req.Key.String())
+		s.log.Debug("justonce/httpbridge: in flight", "key", req.Key.String())
 		writeProblem(w, ProblemInProgress, http.StatusConflict,
 			"a request with this key is being processed; retry after Retry-After with the same key",
 			"Retry-After", s.retryAfter)
 	case inbox.Mismatch:
-		s.Logger.Info("justonce/httpbridge: key reused with another request", "key", req.Key.String())
+		s.log.Info("justonce/httpbridge: key reused with another request", "key", req.Key.String())
 		writeProblem(w, ProblemKeyReused, http.StatusUnprocessableEntity,
 			"this key was used with a different request (method, path, body or headers); use a new key for a new request")
 	case inbox.Duplicate:
 		s.replay(w, req, out)
 	default:
-		s.Logger.Error("justonce/httpbridge: unexpected ledger outcome", "key", req.Key.String(), "disposition", out.Disposition.String())
+		s.log.Error("justonce/httpbridge: unexpected ledger outcome", "key", req.Key.String(), "disposition", out.Disposition.String())
 		writeInternal(w)
 	}
 }
@@ -533,7 +534,7 @@ func (s *settings) replay(w http.ResponseWriter, req inbox.Request, out inbox.Ou
 		source = string(rec.Source)
 	}
 	if rec != nil && rec.Status == inbox.StatusFailed {
-		s.Logger.Debug("justonce/httpbridge: replay of a failed key", "key", req.Key.String(), "source", source)
+		s.log.Debug("justonce/httpbridge: replay of a failed key", "key", req.Key.String(), "source", source)
 		writeProblem(w, ProblemKeyFailed, http.StatusUnprocessableEntity,
 			fmt.Sprintf("the operation for this key failed for good (recorded by %s) and will not run again under this key; send a new key", sourceName(source)),
 			rh...)
@@ -559,7 +560,7 @@ func (s *settings) replay(w http.ResponseWriter, req inbox.Request, out inbox.Ou
 	if kid := res.Header[encHeader]; len(kid) == 1 {
 		var err error
 		if body, err = s.Encryption.open(req.Key, res.Code, kid[0], res.Body); err != nil {
-			s.Logger.Error("justonce/httpbridge: stored body cannot be decrypted", "key", req.Key.String(), "key_id", kid[0], "err", err)
+			s.log.Error("justonce/httpbridge: stored body cannot be decrypted", "key", req.Key.String(), "key_id", kid[0], "err", err)
 			writeProblem(w, ProblemReplayUnavailable, http.StatusInternalServerError,
 				"the stored response for this key cannot be decrypted; the operation will not run again under this key")
 			return
@@ -568,7 +569,7 @@ func (s *settings) replay(w http.ResponseWriter, req inbox.Request, out inbox.Ou
 	for i := 0; i+1 < len(rh); i += 2 {
 		hdr[http.CanonicalHeaderKey(rh[i])] = []string{rh[i+1]}
 	}
-	s.Logger.Debug("justonce/httpbridge: replay", "key", req.Key.String(), "status", res.Code, "cached", out.Cached)
+	s.log.Debug("justonce/httpbridge: replay", "key", req.Key.String(), "status", res.Code, "cached", out.Cached)
 	writeResponse(w, res.Code, hdr, body)
 }
 
@@ -589,7 +590,7 @@ func (s *settings) txFailure(w http.ResponseWriter, req inbox.Request, resp buff
 		s.storeFailure(w, req, err)
 		return
 	}
-	s.Logger.Error("justonce/httpbridge: the handler's transaction did not commit; nothing stored, key released",
+	s.log.Error("justonce/httpbridge: the handler's transaction did not commit; nothing stored, key released",
 		"key", req.Key.String(), "status", resp.code, "err", err)
 	writeProblem(w, ProblemNotCommitted, http.StatusInternalServerError, detail)
 }
@@ -620,13 +621,13 @@ func notCommitted(err error) (string, bool) {
 // unavailable or the transaction lost a race (retrying is safe), else 500.
 func (s *settings) storeFailure(w http.ResponseWriter, req inbox.Request, err error) {
 	if inbox.IsTransient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
-		s.Logger.Warn("justonce/httpbridge: store unavailable", "key", req.Key.String(), "err", err)
+		s.log.Warn("justonce/httpbridge: store unavailable", "key", req.Key.String(), "err", err)
 		writeProblem(w, ProblemStoreUnavailable, http.StatusServiceUnavailable,
 			"the idempotency store is unavailable; retry with the same key (it runs again only if it was not recorded)",
 			"Retry-After", s.retryAfter)
 		return
 	}
-	s.Logger.Error("justonce/httpbridge: request failed", "key", req.Key.String(), "err", err)
+	s.log.Error("justonce/httpbridge: request failed", "key", req.Key.String(), "err", err)
 	writeInternal(w)
 }
 

@@ -928,12 +928,13 @@ func TestConfigValidate(t *testing.T) {
 	require.NoError(t, httpbridge.Config{Ledger: b.ledger}.Validate())
 
 	for name, rc := range map[string]httpbridge.RouteConfig{
-		"no scope":     {},
-		"GET":          {Scope: "s", Methods: []string{"GET"}},
-		"bad format":   {Scope: "s", KeyFormat: 9},
-		"negative ttl": {Scope: "s", TTL: -time.Second},
-		"lease dur":    {Scope: "s", LeaseDuration: time.Second},
-		"bad fp hdr":   {Scope: "s", FingerprintHeaders: []string{"a b"}},
+		"no scope":      {},
+		"GET":           {Scope: "s", Methods: []string{"GET"}},
+		"bad format":    {Scope: "s", KeyFormat: 9},
+		"negative ttl":  {Scope: "s", TTL: -time.Second},
+		"negative wait": {Scope: "s", LockWait: -time.Second},
+		"lease dur":     {Scope: "s", LeaseDuration: time.Second},
+		"bad fp hdr":    {Scope: "s", FingerprintHeaders: []string{"a b"}},
 	} {
 		require.ErrorIs(t, rc.Validate(), inbox.ErrConfig, name)
 		require.Panics(t, func() { b.bridge.Route(rc) }, name)
@@ -957,7 +958,7 @@ func TestLogsMaskKeys(t *testing.T) {
 	t.Parallel()
 	var buf syncBuffer
 	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-	b := setup(t, setupOpts{cfg: httpbridge.Config{Logger: logger}})
+	b := setup(t, setupOpts{logger: logger})
 	h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders"})(&app{})
 	const key = "550e8400-e29b-41d4-a716-446655440000"
 	require.Equal(t, http.StatusCreated, post(h, key, `{"a":1}`).Code)

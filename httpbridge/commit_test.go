@@ -192,14 +192,16 @@ func (h *signalHandler) WithGroup(string) slog.Handler      { return h }
 // leaseBridge is a lease-mode route whose ledger reaches Postgres through
 // a fault proxy.
 func leaseBridge(t *testing.T, logger *slog.Logger, handler func(w http.ResponseWriter, r *http.Request)) (*testsvc.PG, *testsvc.FaultProxy, http.Handler) {
-	return leaseBridgeCfg(t, httpbridge.Config{Logger: logger}, handler)
+	return leaseBridgeCfg(t, logger, httpbridge.Config{}, handler)
 }
 
-func leaseBridgeCfg(t *testing.T, cfg httpbridge.Config, handler func(w http.ResponseWriter, r *http.Request)) (*testsvc.PG, *testsvc.FaultProxy, http.Handler) {
+// leaseBridgeCfg is leaseBridge with a bridge configuration; logger is the
+// ledger's, which the bridge logs through.
+func leaseBridgeCfg(t *testing.T, logger *slog.Logger, cfg httpbridge.Config, handler func(w http.ResponseWriter, r *http.Request)) (*testsvc.PG, *testsvc.FaultProxy, http.Handler) {
 	t.Helper()
 	pg := testsvc.Postgres(t)
 	proxy := testsvc.Proxy(t, pg.Host())
-	l, err := inbox.New(pg.PoolVia(t, proxy.Addr(), 4), inbox.Config{})
+	l, err := inbox.New(pg.PoolVia(t, proxy.Addr(), 4), inbox.Config{Logger: logger})
 	require.NoError(t, err)
 	cfg.Ledger = l
 	bridge, err := httpbridge.New(cfg)
@@ -284,7 +286,7 @@ func TestLeaseCompletionGivesUpHonestly(t *testing.T) {
 	t.Parallel()
 	sig := &signalHandler{match: "recording a lease-mode result failed", seen: make(chan string, 1)}
 	var proxy *testsvc.FaultProxy
-	pg, proxy, h := leaseBridgeCfg(t, httpbridge.Config{Logger: slog.New(sig), HandlerTimeout: time.Second},
+	pg, proxy, h := leaseBridgeCfg(t, slog.New(sig), httpbridge.Config{HandlerTimeout: time.Second},
 		func(w http.ResponseWriter, r *http.Request) {
 			proxy.Refuse(true)
 			proxy.CutAll()

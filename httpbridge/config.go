@@ -1,7 +1,6 @@
 package httpbridge
 
 import (
-	"crypto/aes"
 	"crypto/sha256"
 	"encoding/base64"
 	"fmt"
@@ -16,20 +15,13 @@ import (
 
 // Defaults.
 const (
-	// DefaultHeader is the request header of draft-ietf-httpapi-idempotency-key-header.
-	DefaultHeader = "Idempotency-Key"
-	// DefaultReplayHeader marks a replayed response.
-	DefaultReplayHeader = "Idempotent-Replayed"
-	// DefaultMaxKeyLen is the longest key accepted, in bytes.
-	DefaultMaxKeyLen = 255
-	// DefaultMaxBodyBytes caps the request body read for fingerprinting.
-	DefaultMaxBodyBytes = 1 << 20
-	// DefaultMaxResponseBytes caps the response body buffered and stored.
-	DefaultMaxResponseBytes = 1 << 20
-	// DefaultRetryAfter is sent with 409 and 503 answers.
-	DefaultRetryAfter = time.Second
-	// DefaultHandlerTimeout bounds a keyed handler's run.
-	DefaultHandlerTimeout = time.Minute
+	defaultHeader           = "Idempotency-Key"
+	defaultReplayHeader     = "Idempotent-Replayed"
+	defaultMaxKeyLen        = 255
+	defaultMaxBodyBytes     = 1 << 20
+	defaultMaxResponseBytes = 1 << 20
+	defaultRetryAfter       = time.Second
+	defaultHandlerTimeout   = time.Minute
 )
 
 // Config configures a Bridge: what is shared by every route. Per-route
@@ -89,10 +81,6 @@ type Config struct {
 
 	// Encryption, when set, encrypts stored response bodies (AES-GCM).
 	Encryption *Encryption
-
-	// Logger receives request problems and store trouble. Keys are masked.
-	// Nil: silent.
-	Logger *slog.Logger
 }
 
 // Encryption encrypts stored response bodies at rest with AES-GCM. Keys
@@ -221,8 +209,9 @@ type RouteConfig struct {
 	// Default 1 MiB.
 	MaxResponseBytes int
 	// LockWait is how long a duplicate waits for the request holding its
-	// key to finish (then it gets the replay) before answering 409. 0: the
-	// ledger's default; negative: answer 409 at once.
+	// key to finish (then it gets the replay) before answering 409. No
+	// connection is held while it waits. 0 (the default): answer 409 at
+	// once.
 	LockWait time.Duration
 	// MaxLiveKeys, when set, limits each tenant's live keys in this scope:
 	// a new key over the limit is answered 429 (quota-exceeded); replays are
@@ -296,19 +285,8 @@ func (c Config) Validate() error {
 }
 
 func (e *Encryption) validate() error {
-	if len(e.Keys) == 0 {
-		return configErr("Encryption.Keys is empty")
-	}
-	if _, ok := e.Keys[e.Current]; !ok {
-		return configErr("Encryption.Current %q is not in Encryption.Keys", e.Current)
-	}
-	for id, k := range e.Keys {
-		if id == "" || len(id) > 64 || !printableASCII(id) {
-			return configErr("Encryption key ID %q must be 1 to 64 printable ASCII characters", id)
-		}
-		if _, err := aes.NewCipher(k); err != nil {
-			return configErr("Encryption key %q: %v", id, err)
-		}
+	if err := e.ring().Validate(); err != nil {
+		return configErr("Encryption: %v", err)
 	}
 	return nil
 }
@@ -354,6 +332,8 @@ func (rc RouteConfig) Validate() error {
 		return configErr("MaxBodyBytes is negative")
 	case rc.MaxResponseBytes < 0:
 		return configErr("MaxResponseBytes is negative")
+	case rc.LockWait < 0:
+		return configErr("LockWait is negative")
 	case rc.LeaseDuration < 0:
 		return configErr("LeaseDuration is negative")
 	case rc.LeaseDuration > 0 && !rc.Lease:
@@ -368,31 +348,29 @@ type settings struct {
 	keyHeaders []string // Header first, then AltHeaders
 	deny       map[string]bool
 	retryAfter string
+	log        *slog.Logger // the ledger's
 }
 
 func newSettings(c Config) settings {
 	if c.Header == "" {
-		c.Header = DefaultHeader
+		c.Header = defaultHeader
 	}
 	if c.AltHeaders == nil {
 		c.AltHeaders = []string{"X-Idempotency-Key"}
 	}
 	if c.MaxKeyLen == 0 {
-		c.MaxKeyLen = DefaultMaxKeyLen
+		c.MaxKeyLen = defaultMaxKeyLen
 	}
 	if c.ReplayHeader == "" {
-		c.ReplayHeader = DefaultReplayHeader
+		c.ReplayHeader = defaultReplayHeader
 	}
 	if c.RetryAfter == 0 {
-		c.RetryAfter = DefaultRetryAfter
+		c.RetryAfter = defaultRetryAfter
 	}
 	if c.HandlerTimeout == 0 {
-		c.HandlerTimeout = DefaultHandlerTimeout
+		c.HandlerTimeout = defaultHandlerTimeout
 	}
-	if c.Logger == nil {
-		c.Logger = slog.New(slog.DiscardHandler)
-	}
-	s := settings{Config: c, deny: map[string]bool{}}
+	s := settings{Config: c, deny: map[string]bool{}, log: c.Ledger.Logger()}
 	s.keyHeaders = append(s.keyHeaders, http.CanonicalHeaderKey(c.Header))
 	for _, h := range c.AltHeaders {
 		h = http.CanonicalHeaderKey(h)
@@ -439,10 +417,10 @@ func newRoute(rc RouteConfig, s *settings) route {
 		rc.Store = DefaultStore
 	}
 	if rc.MaxBodyBytes == 0 {
-		rc.MaxBodyBytes = DefaultMaxBodyBytes
+		rc.MaxBodyBytes = defaultMaxBodyBytes
 	}
 	if rc.MaxResponseBytes == 0 {
-		rc.MaxResponseBytes = DefaultMaxResponseBytes
+		rc.MaxResponseBytes = defaultMaxResponseBytes
 	}
 	rt := route{RouteConfig: rc, methods: map[string]bool{}, maxKeyLen: s.MaxKeyLen}
 	for _, m := range rc.Methods {
@@ -482,13 +460,4 @@ func isTchar(c byte) bool {
 		return true
 	}
 	return strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0
-}
-
-func printableASCII(s string) bool {
-	for i := 0; i < len(s); i++ {
-		if s[i] < 0x20 || s[i] > 0x7e {
-			return false
-		}
-	}
-	return true
 }

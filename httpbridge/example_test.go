@@ -126,30 +126,6 @@ func ExampleFencingToken() {
 	// 201 replayed: true
 }
 
-// The client side: a key is added, and a 503 is retried with the same key.
-func ExampleTransport() {
-	var keys []string
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		keys = append(keys, r.Header.Get("Idempotency-Key"))
-		if len(keys) == 1 {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		w.WriteHeader(http.StatusCreated)
-	}))
-	defer srv.Close()
-
-	client := &http.Client{Transport: &httpbridge.Transport{}}
-	resp, err := client.Post(srv.URL, "application/json", strings.NewReader(`{"item":"book"}`))
-	if err != nil {
-		panic(err)
-	}
-	resp.Body.Close()
-	fmt.Println(resp.StatusCode, len(keys), "attempts, same key:", keys[0] == keys[1], "key length:", len(keys[0]))
-	// Output:
-	// 201 2 attempts, same key: true key length: 36
-}
-
 // A storage policy that keeps 5xx too (the client then gets the same 500
 // on every retry) but never 4xx.
 func ExampleDefaultStore() {

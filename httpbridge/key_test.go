@@ -159,3 +159,12 @@ func outsideQuotesHasComma(s string) bool {
 	}
 	return false
 }
+
+func printableASCII(s string) bool {
+	for i := 0; i < len(s); i++ {
+		if s[i] < 0x20 || s[i] > 0x7e {
+			return false
+		}
+	}
+	return true
+}

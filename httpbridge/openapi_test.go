@@ -48,9 +48,9 @@ func TestOpenAPIFragment(t *testing.T) {
 	require.NoError(t, yaml.Unmarshal(raw, &doc))
 	require.Equal(t, "3.0.3", doc.OpenAPI)
 	p := doc.Components.Parameters["IdempotencyKey"]
-	require.Equal(t, DefaultHeader, p.Name)
+	require.Equal(t, defaultHeader, p.Name)
 	require.Equal(t, "header", p.In)
-	require.Equal(t, DefaultMaxKeyLen, p.Schema.MaxLength)
+	require.Equal(t, defaultMaxKeyLen, p.Schema.MaxLength)
 
 	var want []string
 	for typ := range problemTitles {

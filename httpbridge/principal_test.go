@@ -80,7 +80,7 @@ func TestPrincipalIsolatedWhileInFlight(t *testing.T) {
 	started, release := make(chan struct{}), make(chan struct{})
 	unblock := closer(t, release)
 	a := &app{}
-	h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders", LockWait: -1})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders"})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.Header.Get("X-User") == "alice" {
 			close(started)
 			<-release

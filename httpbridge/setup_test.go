@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -36,6 +37,7 @@ type setupOpts struct {
 	redis    bool
 	redisCfg *inbox.RedisConfig // a Redis of the test's own
 	cfg      httpbridge.Config
+	logger   *slog.Logger // the ledger's, which the bridge logs through
 	pg       []testsvc.PGOption
 }
 
@@ -44,7 +46,7 @@ func setup(t testing.TB, o setupOpts) *bundle {
 	pg := testsvc.Postgres(t, o.pg...)
 	pg.Exec(t, `CREATE TABLE orders (id bigserial PRIMARY KEY, body text NOT NULL)`)
 	b := &bundle{pg: pg}
-	icfg := inbox.Config{}
+	icfg := inbox.Config{Logger: o.logger}
 	switch {
 	case o.redisCfg != nil:
 		icfg.Redis = o.redisCfg

@@ -33,6 +33,7 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/httpbridge"
+	"github.com/justonce/justonce/httpretry"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/kafkaadmin"
 	"github.com/justonce/justonce/internal/svcenv"
@@ -226,7 +227,7 @@ func run(ctx context.Context) error {
 		time.Sleep(150 * time.Millisecond)
 	}
 	// 3. HTTP: two clients at once, then two retries.
-	client := &http.Client{Transport: &httpbridge.Transport{}}
+	client := &http.Client{Transport: &httpretry.Transport{}}
 	post := func(n int) {
 		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://"+ln.Addr().String()+"/payments",
 			bytes.NewReader([]byte(`{"order":"order-42","cents":1999}`)))

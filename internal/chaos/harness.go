@@ -26,7 +26,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/justonce/justonce/consumer"
-	"github.com/justonce/justonce/httpbridge"
+	"github.com/justonce/justonce/httpretry"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/kafkaadmin"
 	"github.com/justonce/justonce/internal/svcenv"
@@ -476,7 +476,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 			return sum, err
 		}
 		defer srv.Close()
-		client := &http.Client{Timeout: 30 * time.Second, Transport: &httpbridge.Transport{MaxAttempts: 100, BaseDelay: 20 * time.Millisecond, MaxDelay: 500 * time.Millisecond}}
+		client := &http.Client{Timeout: 30 * time.Second, Transport: &httpretry.Transport{MaxAttempts: 100, Backoff: httpretry.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}}}
 		sem := make(chan struct{}, 24)
 		httpWG.Add(1)
 		go func() {

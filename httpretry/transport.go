@@ -1,25 +1,32 @@
-package httpbridge
+// Package httpretry is the client side of the Idempotency-Key protocol: an
+// http.RoundTripper that gives each POST and PATCH request a key and
+// retries it with the same key until the server (an httpbridge route, or
+// any API that honours Idempotency-Key) answers for good. It depends only
+// on net/http, so a client program does not link the ledger's database
+// drivers.
+package httpretry
 
 import (
 	"context"
 	"errors"
 	"io"
-	mrand "math/rand/v2"
 	"net/http"
 	"slices"
 	"strconv"
 	"time"
 
 	"github.com/google/uuid"
+
+	"github.com/justonce/justonce/internal/backoff"
 )
 
-// Transport is the client side: an http.RoundTripper that gives POST and
+// Transport is an http.RoundTripper that gives POST and
 // PATCH requests without a key a fresh UUID v4 key, and retries them with
 // the same key on 409, 425, 429, 5xx (except 501 and 505) and network
 // errors, with exponential backoff and jitter. Other 4xx answers are
 // returned at once. The zero value is ready to use:
 //
-//	client := &http.Client{Transport: &httpbridge.Transport{}}
+//	client := &http.Client{Transport: &httpretry.Transport{}}
 //
 // Requests with other methods pass through once, untouched, unless they
 // already carry the key header, in which case they are retried too.
@@ -27,7 +34,7 @@ import (
 // A retry resends the body through Request.GetBody (set by http.NewRequest
 // for bytes, strings and their readers); a request with a body and no
 // GetBody is sent once. The last response (or error) is returned when the
-// attempts run out; a Retry-After header is honoured, up to MaxDelay.
+// attempts run out; a Retry-After header is honoured, up to Backoff.Max.
 type Transport struct {
 	// Base sends the requests. Nil: http.DefaultTransport.
 	Base http.RoundTripper
@@ -38,13 +45,22 @@ type Transport struct {
 	// MaxAttempts, the first included. Default 4 (retries after about
 	// 100, 200 and 400 ms).
 	MaxAttempts int
-	// BaseDelay is the wait before the first retry; it doubles with each
-	// retry. Each wait is drawn between half and all of it. Default 100 ms.
-	BaseDelay time.Duration
-	// MaxDelay caps a wait, Retry-After included. Default 5 s.
-	MaxDelay time.Duration
+	// Backoff between attempts. Its Max also caps a Retry-After.
+	Backoff Backoff
 	// NewKey makes a key. Default: a random UUID v4.
 	NewKey func() string
+}
+
+// DefaultHeader is the request header that carries the key.
+const DefaultHeader = "Idempotency-Key"
+
+// Backoff is exponential backoff with jitter, as in consumer.Backoff:
+// retry n waits a random time between half and all of
+// min(Initial·Multiplier^(n-1), Max).
+type Backoff struct {
+	Initial    time.Duration // default 100 ms
+	Max        time.Duration // default 5 s
+	Multiplier float64       // default 2
 }
 
 // RoundTrip implements http.RoundTripper. It does not modify req: the key
@@ -127,27 +143,23 @@ func retryable(resp *http.Response, err error) bool {
 	}
 }
 
-// delay is the wait after failed attempt n (from 1): a random time between
-// half and all of BaseDelay·2^(n-1), capped by MaxDelay.
+// delay is the wait after failed attempt n (from 1).
 func (t *Transport) delay(n int) time.Duration {
-	d := t.BaseDelay
-	if d <= 0 {
-		d = 100 * time.Millisecond
+	b := t.Backoff
+	if b.Initial <= 0 {
+		b.Initial = 100 * time.Millisecond
 	}
-	max := t.maxDelay()
-	for i := 1; i < n && d < max; i++ {
-		d *= 2
+	if b.Multiplier < 1 {
+		b.Multiplier = 2
 	}
-	d = min(d, max)
-	half := d / 2
-	return half + mrand.N(d-half+1)
+	return backoff.Delay(b.Initial, t.maxDelay(), b.Multiplier, n)
 }
 
 func (t *Transport) maxDelay() time.Duration {
-	if t.MaxDelay <= 0 {
+	if t.Backoff.Max <= 0 {
 		return 5 * time.Second
 	}
-	return t.MaxDelay
+	return t.Backoff.Max
 }
 
 // retryAfter parses a Retry-After value: delta seconds or an HTTP date.

@@ -1,4 +1,4 @@
-package httpbridge
+package httpretry
 
 import (
 	"net/http"
@@ -19,7 +19,7 @@ func TestTransportBackoffSchedule(t *testing.T) {
 			require.LessOrEqual(t, d, hi, "retry %d", n)
 		}
 	}
-	capped := &Transport{BaseDelay: time.Second, MaxDelay: 3 * time.Second}
+	capped := &Transport{Backoff: Backoff{Initial: time.Second, Max: 3 * time.Second}}
 	require.LessOrEqual(t, capped.delay(10), 3*time.Second)
 	require.GreaterOrEqual(t, capped.delay(10), 1500*time.Millisecond)
 }

@@ -1,4 +1,11 @@
-package httpbridge
+// Package fingerprint computes the content fingerprint of an HTTP request
+// for the idempotency bridge: a versioned SHA-256 over the method, path,
+// sorted query, media type, canonical body (JSON with sorted object keys
+// and numbers kept as written; urlencoded forms with sorted fields; any
+// other body raw) and chosen headers. Two requests that mean the same get
+// the same fingerprint; a known key with another fingerprint is a
+// mismatch.
+package fingerprint
 
 import (
 	"crypto/sha256"
@@ -10,10 +17,10 @@ import (
 	"strings"
 )
 
-// fingerprintVersion is the first byte of every fingerprint. Change it (and
+// Version is the first byte of every fingerprint. Change it (and
 // the hashed layout) together; rows stored under another version then
 // answer as a mismatch rather than as a false match.
-const fingerprintVersion = 1
+const Version = 1
 
 // Body canonicalization modes, hashed with the body so that a raw body can
 // never equal a canonical one.
@@ -23,11 +30,12 @@ const (
 	modeForm = 'f'
 )
 
-// fingerprint identifies a request's content: version byte, then SHA-256
+// Request identifies a request's content: version byte, then SHA-256
 // over length-prefixed fields: method, path, query (sorted), media type,
 // body mode and body (canonical JSON, sorted form fields, or raw), and each
-// chosen header's lower-cased name and values.
-func fingerprint(r *http.Request, body []byte, headers []string) []byte {
+// of headers' lower-cased name and values. body is the request's body,
+// already read. The result is 33 bytes.
+func Request(r *http.Request, body []byte, headers []string) []byte {
 	h := sha256.New()
 	field(h, "justonce-http-fp")
 	field(h, r.Method)
@@ -55,7 +63,7 @@ func fingerprint(r *http.Request, body []byte, headers []string) []byte {
 			field(h, v)
 		}
 	}
-	return h.Sum([]byte{fingerprintVersion})
+	return h.Sum([]byte{Version})
 }
 
 // canonicalBody picks the body's canonical form by media type.

@@ -1,4 +1,4 @@
-package httpbridge_test
+package httpretry_test
 
 import (
 	"context"
@@ -15,7 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
-	"github.com/justonce/justonce/httpbridge"
+	"github.com/justonce/justonce/httpretry"
 )
 
 // seen records what a test server received.
@@ -47,8 +47,8 @@ func scripted(s *seen, codes ...int) http.Handler {
 	})
 }
 
-func fastTransport(base http.RoundTripper) *httpbridge.Transport {
-	return &httpbridge.Transport{Base: base, BaseDelay: time.Millisecond, MaxDelay: 20 * time.Millisecond}
+func fastTransport(base http.RoundTripper) *httpretry.Transport {
+	return &httpretry.Transport{Base: base, Backoff: httpretry.Backoff{Initial: time.Millisecond, Max: 20 * time.Millisecond}}
 }
 
 func TestTransportAddsKeyAndRetriesWithIt(t *testing.T) {
@@ -176,7 +176,7 @@ func TestTransportHonoursRetryAfterAndContext(t *testing.T) {
 		w.WriteHeader(http.StatusConflict)
 	}))
 	defer srv.Close()
-	tr := &httpbridge.Transport{Base: srv.Client().Transport, MaxDelay: time.Minute}
+	tr := &httpretry.Transport{Base: srv.Client().Transport, Backoff: httpretry.Backoff{Max: time.Minute}}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("x"))
@@ -184,21 +184,4 @@ func TestTransportHonoursRetryAfterAndContext(t *testing.T) {
 	_, err := (&http.Client{Transport: tr}).Do(req)
 	require.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
 	require.Less(t, time.Since(start), 10*time.Second, "the wait ends with the context")
-}
-
-// TestTransportAgainstBridge: the client and the server side together; a
-// 409 while the first attempt runs turns into the replay.
-func TestTransportAgainstBridge(t *testing.T) {
-	t.Parallel()
-	b := setup(t, setupOpts{cfg: httpbridge.Config{RetryAfter: time.Millisecond}})
-	a := &app{}
-	srv := httptest.NewServer(b.bridge.Route(httpbridge.RouteConfig{Scope: "orders", Required: true})(a))
-	defer srv.Close()
-	c := &http.Client{Transport: &httpbridge.Transport{Base: srv.Client().Transport, BaseDelay: 5 * time.Millisecond}}
-	resp, err := c.Post(srv.URL+"/orders", "application/json", strings.NewReader(`{"x":1}`))
-	require.NoError(t, err)
-	body, _ := io.ReadAll(resp.Body)
-	resp.Body.Close()
-	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
-	require.EqualValues(t, 1, a.runs.Load())
 }

@@ -1,4 +1,4 @@
-package httpbridge
+package fingerprint
 
 import (
 	"bytes"

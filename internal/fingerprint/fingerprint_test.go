@@ -1,4 +1,4 @@
-package httpbridge
+package fingerprint
 
 import (
 	"bytes"
@@ -67,11 +67,11 @@ func TestFingerprint(t *testing.T) {
 		for i := 0; i+1 < len(hdr); i += 2 {
 			r.Header.Add(hdr[i], hdr[i+1])
 		}
-		return fingerprint(r, []byte(body), []string{"Api-Version"})
+		return Request(r, []byte(body), []string{"Api-Version"})
 	}
 	base := fp("POST", "/o?b=1&a=2", "application/json", `{"a":1,"b":2}`)
 	require.Len(t, base, 33)
-	require.EqualValues(t, fingerprintVersion, base[0])
+	require.EqualValues(t, Version, base[0])
 	require.Equal(t, base, fp("POST", "/o?a=2&b=1", "application/json; charset=utf-8", `{"b":2, "a":1}`))
 	require.Equal(t, base, fp("POST", "/o?a=2&b=1", "Application/JSON", `{"b":2,"a":1}`))
 	for name, other := range map[string][]byte{
