@@ -12,7 +12,8 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// Exit codes; see the package documentation.
+// Exit codes. exitCodes describes them for the top-level help; the package
+// documentation lists the same lines (a test checks it).
 const (
 	exitOK       = 0
 	exitFailure  = 1
@@ -22,6 +23,28 @@ const (
 	// replay cache could not be invalidated.
 	exitCacheStale = 4
 )
+
+var exitCodes = []struct {
+	code int
+	text string
+}{
+	{exitOK, "success; also: help was asked for, ledger purge found another instance purging"},
+	{exitFailure, "operational error: database, Redis, Kafka or NATS unreachable, schema not migrated, SQL error"},
+	{exitUsage, "usage error: unknown command or flag, bad or missing argument or flag, missing confirmation"},
+	{exitNotFound, "not found: ledger show or ledger release of a key with no row"},
+	{exitCacheStale, "ledger release changed Postgres but could not invalidate the Redis replay cache; run it again"},
+}
+
+// environment lists the variables flags take their defaults from, for the
+// top-level help.
+var environment = []struct{ name, flag string }{
+	{"DATABASE_URL", "--database-url: Postgres connection URL"},
+	{"JUSTONCE_SCHEMA", "--schema: schema holding processed_events"},
+	{"REDIS_URL", "--redis-url: Redis of the replay cache (ledger release)"},
+	{"JUSTONCE_REDIS_PREFIX", "--redis-prefix: its key prefix (ledger release)"},
+	{"KAFKA_BROKERS", "--brokers: Kafka brokers (replay kafka)"},
+	{"NATS_URL", "--nats-url: NATS server (replay nats)"},
+}
 
 // app is what every command shares: its output and its environment.
 type app struct {
@@ -209,6 +232,23 @@ func (f *flags) stringEnv(p *string, name, envVar, usage string) {
 	f.env[name] = envVar
 }
 
+// jsonFlag defines --json, the same on every command that prints a result.
+func (f *flags) jsonFlag() *bool {
+	return f.Bool("json", false, "print the result as JSON (see 'justonce -h')")
+}
+
+// isSet reports whether the flag name was given on the command line.
+func (f *flags) isSet(name string) bool {
+	set := false
+	f.Visit(func(fl *flag.Flag) { set = set || fl.Name == name })
+	return set
+}
+
+func isBoolFlag(fl *flag.Flag) bool {
+	b, ok := fl.Value.(interface{ IsBoolFlag() bool })
+	return ok && b.IsBoolFlag()
+}
+
 // parse parses flags and positional arguments in any order, as users of
 // other CLIs expect ("show billing 42 --tenant acme"). After "--" every
 // argument is positional, for IDs that begin with a dash.
@@ -248,18 +288,25 @@ func (a *app) groupUsage(w io.Writer, c *command, path []string) {
 		}
 	}
 	walk(c, "")
+	if len(path) == 1 {
+		fmt.Fprintf(tw, "  help <command>\tshow a command's flags and arguments, as <command> -h does\n")
+	}
 	_ = tw.Flush()
 	fmt.Fprintf(w, "\nRun '%s <command> -h' for a command's flags and arguments.\n", name)
-	if len(path) == 1 {
-		fmt.Fprint(w, `
-Environment:
-  DATABASE_URL      Postgres connection URL (--database-url)
-  JUSTONCE_SCHEMA   schema holding processed_events (--schema)
-  REDIS_URL         Redis of the replay cache, for ledger release (--redis-url)
-
-Exit codes: 0 ok, 1 error (database unreachable, ...), 2 usage error, 3 key not found,
-4 released in Postgres but the Redis replay cache could not be invalidated.
-`)
+	if len(path) > 1 {
+		return
+	}
+	fmt.Fprint(w, "\nEvery command that prints a result takes --json: snake_case keys, times in\n"+
+		"RFC 3339 UTC, durations in seconds (keys ending in _seconds), null when unset.\n")
+	fmt.Fprint(w, "\nEnvironment (a flag wins over its variable):\n")
+	tw = tabwriter.NewWriter(w, 0, 4, 3, ' ', 0)
+	for _, e := range environment {
+		fmt.Fprintf(tw, "  %s\t%s\n", e.name, e.flag)
+	}
+	_ = tw.Flush()
+	fmt.Fprint(w, "\nExit codes:\n")
+	for _, e := range exitCodes {
+		fmt.Fprintf(w, "  %d  %s\n", e.code, e.text)
 	}
 }
 
@@ -280,10 +327,14 @@ func (a *app) leafUsage(w io.Writer, c *command, path []string, f *flags) {
 		if arg != "" {
 			arg = " " + arg
 		}
+		// Every flag shows its default, but a boolean's (false) and an
+		// empty string's (the usage says what empty means). A flag read
+		// from the environment names its variable, never the value (it
+		// may hold a password).
 		switch env, ok := f.env[fl.Name]; {
 		case ok:
 			usage += " (env " + env + ")"
-		case fl.DefValue != "" && fl.DefValue != "false" && fl.DefValue != "0":
+		case fl.DefValue != "" && !isBoolFlag(fl):
 			usage += " (default " + fl.DefValue + ")"
 		}
 		fmt.Fprintf(tw, "  --%s%s\t%s\n", fl.Name, arg, usage)

@@ -5,9 +5,11 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"flag"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"testing"
@@ -61,7 +63,7 @@ func cleanEnv(extra ...string) []string {
 	for _, kv := range os.Environ() {
 		name, _, _ := strings.Cut(kv, "=")
 		switch name {
-		case "DATABASE_URL", "JUSTONCE_SCHEMA", "REDIS_URL", "JUSTONCE_REDIS_PREFIX":
+		case "DATABASE_URL", "JUSTONCE_SCHEMA", "REDIS_URL", "JUSTONCE_REDIS_PREFIX", "KAFKA_BROKERS", "NATS_URL":
 			continue
 		}
 		env = append(env, kv)
@@ -109,9 +111,13 @@ func (b binary) must(args ...string) result {
 	return r
 }
 
+// json runs the command (its words first in args) with --json, requires
+// exit code 0, checks the output against the documented object and decodes
+// it into v.
 func (b binary) json(v any, args ...string) {
 	b.t.Helper()
 	r := b.must(append(args, "--json")...)
+	checkJSON(b.t, strings.Join(args[:2], " "), r.stdout)
 	require.NoError(b.t, json.Unmarshal([]byte(r.stdout), v), "justonce %v: %s", args, r.stdout)
 }
 
@@ -169,6 +175,15 @@ func TestBinary(t *testing.T) {
 		require.Equal(t, 0, st.Version)
 		require.Equal(t, []int{1}, st.Pending)
 		require.Equal(t, 0, pg.Count(t, "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_events'", pg.Schema))
+
+		// up and down report in JSON what they did.
+		var mig migrateJSON
+		b.json(&mig, "migrate", "up")
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 0, To: 1, Applied: []int{1}}, mig)
+		b.json(&mig, "migrate", "up")
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 1, To: 1, Applied: []int{}}, mig)
+		b.json(&mig, "migrate", "down", "--yes")
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 1, To: 0, Applied: []int{1}}, mig)
 
 		// A ledger command on the unmigrated schema: an operational error
 		// with a hint.
@@ -268,11 +283,16 @@ func TestBinary(t *testing.T) {
 			require.Equal(t, uuidKey, rec.ID)
 			require.False(t, rec.IDMasked)
 			require.Equal(t, "done", rec.Status)
-			require.Equal(t, "kafka", rec.Source)
-			require.Equal(t, 201, rec.ResultCode)
+			require.Equal(t, "kafka", *rec.Source)
+			require.Equal(t, "svc-billing", *rec.Principal)
+			require.Equal(t, 201, *rec.ResultCode)
 			require.Equal(t, 5, rec.ResultBytes)
 			require.Equal(t, 1, rec.ResultHeaders)
-			require.Equal(t, "010203", rec.Fingerprint)
+			require.Equal(t, "010203", *rec.Fingerprint)
+			require.Nil(t, rec.Error, "unset: null")
+			require.NotNil(t, rec.Duration)
+			require.GreaterOrEqual(t, *rec.Duration, 0.0)
+			require.Less(t, *rec.Duration, 60.0, "seconds")
 			require.Equal(t, 1, rec.Attempts)
 			require.NotNil(t, rec.CreatedAt)
 			require.NotNil(t, rec.ExpiresAt)
@@ -284,15 +304,19 @@ func TestBinary(t *testing.T) {
 			require.Equal(t, "********", rec.ID, "IDs of eight characters or fewer are all stars")
 			require.True(t, rec.IDMasked)
 			require.Equal(t, 5, rec.Attempts)
-			require.Equal(t, "card declined: boom", rec.Error)
-			require.Equal(t, "nats", rec.Source)
+			require.Equal(t, "card declined: boom", *rec.Error)
+			require.Equal(t, "nats", *rec.Source)
+			require.Nil(t, rec.ResultCode, "no result: null")
+			require.Nil(t, rec.Fingerprint)
+			require.Nil(t, rec.Principal)
 
 			b.json(&rec, "ledger", "show", "payments", "stuck-lease-0001")
 			require.Equal(t, "processing", rec.Status)
 			require.Equal(t, lease.Token(), rec.FencingToken)
 			require.NotNil(t, rec.LeaseUntil)
 			require.True(t, rec.LeaseUntil.Before(time.Now()))
-			require.NotEmpty(t, rec.LeaseOwner)
+			require.NotEmpty(t, *rec.LeaseOwner)
+			require.Nil(t, rec.CompletedAt)
 
 			// Missing keys: exit 3. Tenants are isolated.
 			r = b.run("ledger", "show", "billing", uuidKey)
@@ -326,8 +350,8 @@ func TestBinary(t *testing.T) {
 			require.Contains(t, r.stderr, "no row for key")
 			require.Contains(t, r.stdout, "nothing released")
 			rel := releaseOut(t, b.run("ledger", "release", "payments", "stuck-lease-0001", "--json"), exitNotFound)
-			require.Equal(t, releaseJSON{Scope: "payments", ID: "stuc****0001", Released: false, Was: "absent",
-				Cache: "not_checked", Error: "no row for key payments//stuc****0001"}, rel)
+			require.Equal(t, releaseJSON{Scope: "payments", ID: "stuc****0001", IDMasked: true, Released: false, Was: "absent",
+				Cache: "not_checked", Error: strPtr("no row for key payments//stuc****0001")}, rel)
 			// The key is new again, and the old holder's fencing token is stale.
 			lease2, out, err := l.AcquireLease(ctx, stuck, time.Minute)
 			require.NoError(t, err)
@@ -342,7 +366,7 @@ func TestBinary(t *testing.T) {
 			require.Contains(t, r.stderr, "--force")
 			require.Equal(t, 1, pg.Count(t, "SELECT count(*) FROM processed_events WHERE event_id = 'done-2'"))
 			rel = releaseOut(t, b.run("ledger", "release", "billing", "done-2", "--force", "--json"), exitOK)
-			require.Equal(t, releaseJSON{Scope: "billing", ID: "******", Released: true, Was: "done", Cache: "not_checked"}, rel)
+			require.Equal(t, releaseJSON{Scope: "billing", ID: "******", IDMasked: true, Released: true, Was: "done", Cache: "not_checked"}, rel)
 			require.Equal(t, 0, pg.Count(t, "SELECT count(*) FROM processed_events WHERE event_id = 'done-2'"))
 
 			// A failed key is released at once; the next delivery runs.
@@ -467,7 +491,7 @@ func TestBinary(t *testing.T) {
 		rel := releaseOut(t, b.run("ledger", "release", "http:/orders", "order-key-0004", "--json", "--redis-url", "redis://nodel:pw@"+rp.Addr+"/0"), exitCacheStale)
 		require.False(t, rel.Released)
 		require.Equal(t, "stale", rel.Cache)
-		require.Contains(t, rel.Error, "no row for http:/orders//orde****0004 in Postgres, but the Redis replay cache could not be invalidated")
+		require.Contains(t, *rel.Error, "no row for http:/orders//orde****0004 in Postgres, but the Redis replay cache could not be invalidated")
 		rel = releaseOut(t, b.run("ledger", "release", "http:/orders", "order-key-0004", "--json", "--redis-url", "redis://"+rp.Addr+"/0"), exitNotFound)
 		require.Equal(t, "invalidated", rel.Cache)
 		out, err = l.Do(ctx, req, noop)
@@ -517,40 +541,72 @@ func TestBinary(t *testing.T) {
 	t.Run("Help", func(t *testing.T) {
 		t.Parallel()
 		b := newBinary(t)
+		all := leaves()
 		for _, h := range []string{"-h", "--help", "help"} {
 			r := b.must(h)
 			require.Contains(t, r.stdout, "Usage: justonce <command>")
-			require.Contains(t, r.stdout, "Exit codes: 0 ok, 1 error")
+			require.Contains(t, r.stdout, "Exit codes:\n  0  success")
+			// Every command, with its one line.
+			for _, l := range all {
+				require.Regexp(t, `\n  `+regexp.QuoteMeta(l.path)+` +`+regexp.QuoteMeta(l.cmd.summary)+`\n`, r.stdout)
+			}
 		}
-		leaves := map[string][]string{
-			"migrate up":     {"--to"},
-			"migrate down":   {"--yes", "--to"},
-			"migrate status": {"--json"},
-			"ledger stats":   {"--json"},
-			"ledger show":    {"<scope> <id>", "--tenant", "--reveal", "--json"},
-			"ledger release": {"<scope> <id>", "--tenant", "--force", "--redis-url", "(env REDIS_URL)", "--redis-prefix", "--json", "Exits 3"},
-			"ledger purge":   {"--expired", "--batch", "(default 1000)"},
+		// Wants beyond the flags, which every command's help lists with
+		// their defaults.
+		extra := map[string][]string{
+			"ledger show":    {"<scope> <id>"},
+			"ledger release": {"<scope> <id>", "(env REDIS_URL)", "Exits 3"},
+			"ledger purge":   {"(default 1000)", "(default 10ms)"},
+			"replay kafka":   {"(env KAFKA_BROKERS)", "dry run"},
+			"replay nats":    {"(env NATS_URL)", "dry run"},
 		}
-		for name, wants := range leaves {
-			args := strings.Fields(name)
+		env := []string{"DATABASE_URL=postgres://u:hidden@h/db", "REDIS_URL=redis://:hidden@h", "KAFKA_BROKERS=hidden:9092", "NATS_URL=nats://hidden"}
+		for _, l := range all {
+			args := strings.Fields(l.path)
 			for _, h := range []string{"-h", "--help"} {
-				r := b.with("DATABASE_URL=postgres://u:hidden@h/db").must(append(args, h)...)
-				require.Contains(t, r.stdout, "Usage: justonce "+name+" [flags]")
+				r := b.with(env...).must(append(args, h)...)
+				require.Contains(t, r.stdout, "Usage: justonce "+l.path+" [flags]")
 				require.Contains(t, r.stdout, "--database-url URL")
 				require.Contains(t, r.stdout, "(env DATABASE_URL)")
 				require.NotContains(t, r.stdout, "hidden", "help never prints the environment's values")
-				for _, w := range wants {
-					require.Contains(t, r.stdout, w, name)
+				for _, w := range extra[l.path] {
+					require.Contains(t, r.stdout, w, l.path)
 				}
+				// Each flag on a line of its own, with its default: a
+				// variable's name, a value, or (strings) what empty means.
+				l.flags.VisitAll(func(fl *flag.Flag) {
+					line := helpLine(t, r.stdout, "--"+fl.Name)
+					switch env, ok := l.flags.env[fl.Name]; {
+					case ok:
+						require.Contains(t, line, "(env "+env+")", l.path)
+					case isBoolFlag(fl):
+					case fl.DefValue != "":
+						require.Contains(t, line, "(default "+fl.DefValue+")", l.path)
+					default:
+						require.Regexp(t, `empty: |required`, line, "%s: what an empty --%s means", l.path, fl.Name)
+					}
+				})
 			}
 			r := b.must(append([]string{"help"}, args...)...)
-			require.Contains(t, r.stdout, "Usage: justonce "+name)
+			require.Contains(t, r.stdout, "Usage: justonce "+l.path)
 		}
-		for _, group := range []string{"migrate", "ledger"} {
+		for _, group := range []string{"migrate", "ledger", "replay"} {
 			r := b.must(group, "-h")
 			require.Contains(t, r.stdout, "Usage: justonce "+group+" <command>")
 		}
 	})
+}
+
+// helpLine returns the line of a command's help that describes flag.
+func helpLine(t *testing.T, help, flag string) string {
+	t.Helper()
+	for _, l := range strings.Split(help, "\n") {
+		if strings.HasPrefix(l, "  "+flag+" ") {
+			return l
+		}
+	}
+	t.Fatalf("the help lists no %s:\n%s", flag, help)
+	return ""
 }
 
 func noop(context.Context, pgx.Tx) (inbox.Result, error) { return inbox.Result{}, nil }
@@ -560,6 +616,7 @@ func noop(context.Context, pgx.Tx) (inbox.Result, error) { return inbox.Result{}
 func releaseOut(t *testing.T, r result, code int) releaseJSON {
 	t.Helper()
 	require.Equal(t, code, r.code, "%s", r)
+	checkJSON(t, "ledger release", r.stdout)
 	var rel releaseJSON
 	require.NoError(t, json.Unmarshal([]byte(r.stdout), &rel), "%s", r)
 	return rel

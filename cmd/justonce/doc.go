@@ -1,32 +1,50 @@
 // Command justonce operates a justonce ledger: it migrates the schema,
-// inspects the processed_events table, frees stuck keys and purges expired
-// rows.
+// inspects the processed_events table, frees stuck keys, purges expired
+// rows and dry-runs replays of a Kafka topic or a JetStream stream.
 //
 //	go install github.com/justonce/justonce/cmd/justonce@latest
 //
 // # Commands
 //
-//	justonce migrate up [--to N]              apply pending migrations
-//	justonce migrate down --yes [--to N]      revert migrations (version 1 drops the table)
+//	justonce migrate up [--to N] [--json]     apply pending migrations
+//	justonce migrate down --yes [--to N] [--json]
+//	                                          revert migrations (version 1 drops the table)
 //	justonce migrate status [--json]          schema version and pending migrations
 //	justonce ledger stats [--json]            live rows by scope and status, oldest in-flight lease
 //	justonce ledger show <scope> <id> [--tenant T] [--reveal] [--json]
 //	                                          one key: status, source, attempts, fencing
 //	                                          token, lease, timestamps, result code and size, error
-//	justonce ledger release <scope> <id> [--tenant T] [--force] [--redis-url URL] [--json]
+//	justonce ledger release <scope> <id> [--tenant T] [--force] [--redis-url URL]
+//	        [--redis-prefix P] [--redis-cluster] [--json]
 //	                                          free a stuck (processing) or failed key
 //	justonce ledger purge --expired [--batch N] [--pause D] [--json]
 //	                                          delete expired rows in batches
+//	justonce replay kafka --brokers B --topic T --scope S [--from-offset N]
+//	        [--since D | --from-time T] [--tenant T] [--id-header H,...] [--json]
+//	                                          dry-run a replay of a Kafka topic
+//	justonce replay nats --nats-url U --stream S --scope S [--subject S] [--from-seq N]
+//	        [--since D | --from-time T] [--tenant T] [--id-header H,...] [--json]
+//	                                          dry-run a replay of a JetStream stream
+//	justonce help <command>                   the same as justonce <command> -h
 //
-// Every command prints its flags with -h or --help (to stdout, exit code 0),
-// as does "justonce help <command>". Flags may come before or after the
-// positional arguments; after "--" everything is positional (for an ID that
-// begins with a dash).
+// Every database command also takes --database-url and --schema. "justonce
+// -h" lists the commands; every command prints all its flags, with their
+// defaults, with -h or --help (to stdout, exit code 0). Flags may come
+// before or after the positional arguments; after "--" everything is
+// positional (for an ID that begins with a dash). Duration flags take Go
+// durations (10ms, 24h), time flags RFC 3339 (2026-11-20T00:00:00Z).
 //
 // Event IDs are masked in the output (550e****0000) unless ledger show is
 // given --reveal. A stored response body is never printed, only its size.
 // ledger release refuses a key that is done unless --force is given:
 // releasing it lets its effect happen a second time.
+//
+// replay cannot run your handler (it is Go code): it reads the topic or
+// stream up to where it stood when it began and counts, per partition, the
+// events the ledger has done (skipped), those that would run, those
+// recorded failed and those without an ID. Nothing is recorded and no
+// consumer group or durable is touched. Run the missing events from Go with
+// kafkainbox.Consumer.Replay or natsinbox.Replay.
 //
 // # Configuration
 //
@@ -36,45 +54,92 @@
 //	--schema         JUSTONCE_SCHEMA        schema of processed_events (default: search_path)
 //	--redis-url      REDIS_URL              ledger release: the application's Redis replay cache
 //	--redis-prefix   JUSTONCE_REDIS_PREFIX  ledger release: its key prefix (default "justonce:")
+//	--brokers        KAFKA_BROKERS          replay kafka: comma-separated brokers
+//	--nats-url       NATS_URL               replay nats: the NATS server
 //
 // Connecting gives up after 10 s unless the URL sets connect_timeout.
 //
 // # Exit codes
 //
-// Scripts can rely on these:
+// The same for every command; scripts can rely on them ("justonce -h"
+// prints this list):
 //
-//	0  success (also: help was asked for; purge found another instance purging)
-//	1  operational error: database or Redis unreachable, schema not migrated, SQL error
-//	2  usage error: unknown command or flag, missing or extra argument, invalid key,
-//	   missing --database-url, missing confirmation (--yes, --force, --expired)
+//	0  success; also: help was asked for, ledger purge found another instance purging
+//	1  operational error: database, Redis, Kafka or NATS unreachable, schema not migrated, SQL error
+//	2  usage error: unknown command or flag, bad or missing argument or flag, missing confirmation
 //	3  not found: ledger show or ledger release of a key with no row
-//	4  ledger release deleted the row in Postgres (or found none), but the
-//	   Redis replay cache could not be invalidated: a cached result may be
-//	   replayed until it expires there; run it again once Redis answers
+//	4  ledger release changed Postgres but could not invalidate the Redis replay cache; run it again
+//
+// A usage error is, for example, a missing --database-url or key part, a
+// negative --to, or a missing --yes, --force or --expired. Exit code 4
+// means the row was deleted in Postgres (or there was none), but a cached
+// result may be replayed from Redis until it expires there.
 //
 // # JSON output
 //
-// With --json, ledger stats prints
+// Every command that prints a result takes --json and then prints one JSON
+// object on stdout; messages and progress go to stderr. The rules are the
+// same for every command:
 //
-//	{"rows":[{"scope","status","rows","oldest_lease_until"}],"total_rows",
-//	 "oldest_in_flight_lease":{"scope","lease_until","overdue_seconds"} or null}
+//   - keys are snake_case and always present;
+//   - a value that is not set is null (tenant is "" for a key without one);
+//   - times are RFC 3339 strings in UTC;
+//   - durations are seconds, as numbers, in keys ending in _seconds;
+//   - counts and versions are numbers;
+//   - event IDs are masked unless ledger show is given --reveal (id_masked).
 //
-// ledger show prints the row with snake_case fields (scope, tenant, id,
-// id_masked, status, source, principal, attempts, fencing_token, lease_owner,
-// lease_until, created_at, completed_at, expires_at, duration_ms,
-// result_code, result_headers, result_body_bytes, fingerprint (hex), error);
-// times are RFC 3339 in UTC, null when unset. migrate status prints
-// {"schema","version","latest","pending"}, ledger purge
-// {"deleted","busy"}, ledger release
-// {"scope","tenant","id" (masked),"released","was","cache","error"}, where
-// was is the row's state before (done, failed, processing, expired, absent)
-// and cache is invalidated, not_checked (no --redis-url), stale (not
-// invalidated) or unavailable (Redis did not answer, nothing released); it
-// is printed also when the command exits 3 or 4.
+// On exit codes 1 and 2 stdout is empty, as it is when ledger show exits 3.
+// ledger release prints its object also when it exits 3 or 4: the row or
+// the cache may have changed, and error says why it failed (null on
+// success). The objects, with example values:
+//
+//	migrate up, migrate down:
+//	  {"schema": "public", "from": 0, "to": 1, "applied": [1]}
+//	migrate status:
+//	  {"schema": "public", "version": 0, "latest": 1, "pending": [1]}
+//	ledger stats:
+//	  {"rows": [{"scope": "billing", "status": "processing", "rows": 2,
+//	             "oldest_lease_until": "2026-01-02T15:04:05Z"}],
+//	   "total_rows": 2,
+//	   "oldest_in_flight_lease": {"scope": "billing", "lease_until": "2026-01-02T15:04:05Z",
+//	                              "overdue_seconds": 12.5}}
+//	ledger show:
+//	  {"scope": "billing", "tenant": "acme", "id": "550e****0000", "id_masked": true,
+//	   "status": "done", "source": "kafka", "principal": null, "attempts": 1,
+//	   "fencing_token": 0, "lease_owner": null, "lease_until": null,
+//	   "created_at": "2026-01-02T15:04:05Z", "completed_at": "2026-01-02T15:04:05Z",
+//	   "expires_at": "2026-01-03T15:04:05Z", "duration_seconds": 0.004,
+//	   "result_code": 201, "result_headers": 1, "result_body_bytes": 5,
+//	   "fingerprint": "010203", "error": null}
+//	ledger release:
+//	  {"scope": "billing", "tenant": "", "id": "550e****0000", "id_masked": true,
+//	   "released": true, "was": "processing", "cache": "not_checked", "error": null}
+//	ledger purge:
+//	  {"deleted": 3, "busy": false}
+//	replay kafka, replay nats:
+//	  {"transport": "kafka", "scope": "billing", "dry_run": true,
+//	   "partitions": [{"partition": 0, "first": 0, "last": 9, "seen": 10,
+//	                   "skipped": 6, "would_run": 4, "failed": 0, "no_id": 0}],
+//	   "total": {"seen": 10, "skipped": 6, "would_run": 4, "failed": 0, "no_id": 0},
+//	   "took_seconds": 0.12}
+//
+// ledger stats: oldest_lease_until is set for processing rows only;
+// overdue_seconds is negative while the lease still runs. ledger show:
+// result_code and duration_seconds are null until the key has a result;
+// fingerprint is hex. ledger release: was is the row's state before
+// (done, failed, processing, expired, absent); cache is invalidated,
+// not_checked (no --redis-url), stale (not invalidated: exit 4) or
+// unavailable (Redis did not answer; nothing released). ledger purge: busy
+// is true when another instance holds the janitor lock (deleted counts the
+// rows deleted before). replay: first and last are offsets (Kafka) or
+// stream sequences (NATS, one partition 0); would_run counts events the
+// ledger has not done.
 //
 // # Adding commands
 //
 // The command tree is built in rootCommand (cli.go). Each leaf gets its
 // own flag.FlagSet; a group such as "replay kafka" / "replay nats" is a
-// *command with subs, in its own file, appended to rootCommand's list.
+// *command with subs, in its own file, appended to rootCommand's list. A
+// leaf that prints a result takes --json (flags.jsonFlag) and adds its
+// object to the list above; the tests check the list against the output.
 package main

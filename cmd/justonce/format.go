@@ -6,11 +6,39 @@ import (
 	"time"
 )
 
+// The JSON output follows one set of rules, listed in the package
+// documentation: snake_case keys, every key always present, null for a
+// value that is not set, times as RFC 3339 strings in UTC (timePtr),
+// durations as seconds in a float whose key ends in _seconds (seconds),
+// counts as numbers.
+
 // writeJSON writes v as indented JSON and a newline.
 func writeJSON(w io.Writer, v any) error {
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
 	return enc.Encode(v)
+}
+
+// timePtr returns t in UTC, nil when zero (null in JSON).
+func timePtr(t time.Time) *time.Time {
+	if t.IsZero() {
+		return nil
+	}
+	t = t.UTC().Round(0)
+	return &t
+}
+
+// seconds is d in seconds, the one unit of durations in the JSON output.
+func seconds(d time.Duration) float64 {
+	return d.Seconds()
+}
+
+// strPtr returns s, nil when empty (null in JSON).
+func strPtr(s string) *string {
+	if s == "" {
+		return nil
+	}
+	return &s
 }
 
 // timeText formats t in UTC, "-" when zero.
@@ -19,15 +47,6 @@ func timeText(t time.Time) string {
 		return "-"
 	}
 	return t.UTC().Format(time.RFC3339)
-}
-
-// timePtr returns t in UTC, nil when zero (null in JSON).
-func timePtr(t time.Time) *time.Time {
-	if t.IsZero() {
-		return nil
-	}
-	t = t.UTC()
-	return &t
 }
 
 // relative says how far t is from now: "3m5s ago", "in 23h59m".

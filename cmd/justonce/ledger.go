@@ -111,6 +111,13 @@ func keyArg(args []string, tenant string) (inbox.Key, error) {
 	return k, nil
 }
 
+// statsJSON is ledger stats --json.
+type statsJSON struct {
+	Rows        []statsRowJSON   `json:"rows"`
+	TotalRows   int64            `json:"total_rows"`
+	OldestLease *oldestLeaseJSON `json:"oldest_in_flight_lease"`
+}
+
 type statsRowJSON struct {
 	Scope            string     `json:"scope"`
 	Status           string     `json:"status"`
@@ -128,7 +135,7 @@ type oldestLeaseJSON struct {
 
 func ledgerStats(f *flags) runFunc {
 	db := addDBFlags(f)
-	asJSON := f.Bool("json", false, "print JSON")
+	asJSON := f.jsonFlag()
 	return func(ctx context.Context, a *app, args []string) error {
 		if err := wantArgs(args); err != nil {
 			return err
@@ -153,16 +160,12 @@ func ledgerStats(f *flags) runFunc {
 			}
 		}
 		if *asJSON {
-			out := struct {
-				Rows        []statsRowJSON   `json:"rows"`
-				TotalRows   int64            `json:"total_rows"`
-				OldestLease *oldestLeaseJSON `json:"oldest_in_flight_lease"`
-			}{Rows: []statsRowJSON{}, TotalRows: total}
+			out := statsJSON{Rows: []statsRowJSON{}, TotalRows: total}
 			for _, s := range st {
 				out.Rows = append(out.Rows, statsRowJSON{s.Scope, string(s.Status), s.Rows, timePtr(s.OldestLease)})
 			}
 			if oldest != nil {
-				out.OldestLease = &oldestLeaseJSON{oldest.Scope, oldest.OldestLease.UTC(), now.Sub(oldest.OldestLease).Seconds()}
+				out.OldestLease = &oldestLeaseJSON{oldest.Scope, oldest.OldestLease.UTC(), seconds(now.Sub(oldest.OldestLease))}
 			}
 			return writeJSON(a.stdout, out)
 		}
@@ -194,35 +197,36 @@ func ledgerStats(f *flags) runFunc {
 	}
 }
 
+// recordJSON is ledger show --json.
 type recordJSON struct {
 	Scope  string `json:"scope"`
-	Tenant string `json:"tenant"`
+	Tenant string `json:"tenant"` // "": no tenant
 	ID     string `json:"id"`
 	// IDMasked: ID is masked (no --reveal).
 	IDMasked      bool       `json:"id_masked"`
 	Status        string     `json:"status"`
-	Source        string     `json:"source"`
-	Principal     string     `json:"principal"`
+	Source        *string    `json:"source"`
+	Principal     *string    `json:"principal"`
 	Attempts      int        `json:"attempts"`
 	FencingToken  int64      `json:"fencing_token"`
-	LeaseOwner    string     `json:"lease_owner"`
+	LeaseOwner    *string    `json:"lease_owner"`
 	LeaseUntil    *time.Time `json:"lease_until"`
 	CreatedAt     *time.Time `json:"created_at"`
 	CompletedAt   *time.Time `json:"completed_at"`
 	ExpiresAt     *time.Time `json:"expires_at"`
-	DurationMS    *float64   `json:"duration_ms"`
-	ResultCode    int        `json:"result_code"`
+	Duration      *float64   `json:"duration_seconds"`
+	ResultCode    *int       `json:"result_code"`
 	ResultHeaders int        `json:"result_headers"`
 	ResultBytes   int        `json:"result_body_bytes"`
-	Fingerprint   string     `json:"fingerprint"`
-	Error         string     `json:"error"`
+	Fingerprint   *string    `json:"fingerprint"` // hex
+	Error         *string    `json:"error"`
 }
 
 func ledgerShow(f *flags) runFunc {
 	db := addDBFlags(f)
 	tenant := f.String("tenant", "", "`tenant` of the key; empty: no tenant")
 	reveal := f.Bool("reveal", false, "print the event ID in full instead of masked")
-	asJSON := f.Bool("json", false, "print JSON")
+	asJSON := f.jsonFlag()
 	return func(ctx context.Context, a *app, args []string) error {
 		k, err := keyArg(args, *tenant)
 		if err != nil {
@@ -247,16 +251,20 @@ func ledgerShow(f *flags) runFunc {
 		if *asJSON {
 			out := recordJSON{
 				Scope: rec.Scope, Tenant: rec.Tenant, ID: id, IDMasked: !*reveal,
-				Status: string(rec.Status), Source: string(rec.Source), Principal: rec.Principal,
+				Status: string(rec.Status), Source: strPtr(string(rec.Source)), Principal: strPtr(rec.Principal),
 				Attempts: rec.Attempts, FencingToken: rec.FencingToken,
-				LeaseOwner: rec.LeaseOwner, LeaseUntil: timePtr(rec.LeaseUntil),
+				LeaseOwner: strPtr(rec.LeaseOwner), LeaseUntil: timePtr(rec.LeaseUntil),
 				CreatedAt: timePtr(rec.CreatedAt), CompletedAt: timePtr(rec.CompletedAt), ExpiresAt: timePtr(rec.ExpiresAt),
-				ResultCode: rec.Result.Code, ResultHeaders: len(rec.Result.Header), ResultBytes: len(rec.Result.Body),
-				Fingerprint: hex.EncodeToString(rec.Fingerprint), Error: rec.Error,
+				ResultHeaders: len(rec.Result.Header), ResultBytes: len(rec.Result.Body),
+				Fingerprint: strPtr(hex.EncodeToString(rec.Fingerprint)), Error: strPtr(rec.Error),
 			}
 			if rec.Duration > 0 {
-				ms := float64(rec.Duration) / float64(time.Millisecond)
-				out.DurationMS = &ms
+				d := seconds(rec.Duration)
+				out.Duration = &d
+			}
+			if rec.Result.Code != 0 {
+				code := rec.Result.Code
+				out.ResultCode = &code
 			}
 			return writeJSON(a.stdout, out)
 		}
@@ -317,10 +325,12 @@ const (
 	cacheUnavailable = "unavailable" // Redis did not answer: nothing was changed
 )
 
+// releaseJSON is ledger release --json.
 type releaseJSON struct {
-	Scope  string `json:"scope"`
-	Tenant string `json:"tenant"`
-	ID     string `json:"id"` // masked
+	Scope    string `json:"scope"`
+	Tenant   string `json:"tenant"`
+	ID       string `json:"id"`
+	IDMasked bool   `json:"id_masked"` // always: release prints IDs masked
 	// Released: a row was deleted in Postgres.
 	Released bool `json:"released"`
 	// Was: the row's state before ("done", "failed", "processing",
@@ -331,8 +341,8 @@ type releaseJSON struct {
 	// invalidated: a cached result may be replayed until it expires) or
 	// "unavailable" (Redis did not answer; nothing was released).
 	Cache string `json:"cache"`
-	// Error: why the command failed, if it did.
-	Error string `json:"error,omitempty"`
+	// Error: why the command failed; null when it did not.
+	Error *string `json:"error"`
 }
 
 func ledgerRelease(f *flags) runFunc {
@@ -340,7 +350,7 @@ func ledgerRelease(f *flags) runFunc {
 	rc := addRedisFlags(f)
 	tenant := f.String("tenant", "", "`tenant` of the key; empty: no tenant")
 	force := f.Bool("force", false, "release a key that is done, letting its effect happen again")
-	asJSON := f.Bool("json", false, "print JSON")
+	asJSON := f.jsonFlag()
 	return func(ctx context.Context, a *app, args []string) error {
 		k, err := keyArg(args, *tenant)
 		if err != nil {
@@ -366,7 +376,7 @@ func ledgerRelease(f *flags) runFunc {
 			return err
 		}
 		ok, rerr := l.Release(ctx, k)
-		out := releaseJSON{Scope: k.Scope, Tenant: k.Tenant, ID: inbox.Mask(k.ID), Released: ok, Was: was, Cache: cacheNotChecked}
+		out := releaseJSON{Scope: k.Scope, Tenant: k.Tenant, ID: inbox.Mask(k.ID), IDMasked: true, Released: ok, Was: was, Cache: cacheNotChecked}
 		if ok && was == "absent" {
 			// The row had expired between the lookup and the release.
 			out.Was, wasText = "expired", "expired"
@@ -400,7 +410,7 @@ func ledgerRelease(f *flags) runFunc {
 			fail = notFoundErrorf("no row for key %s", keyText(k, false))
 		}
 		if fail != nil {
-			out.Error = fail.Error()
+			out.Error = strPtr(fail.Error())
 		}
 		if *asJSON {
 			if err := writeJSON(a.stdout, out); err != nil {
@@ -428,12 +438,20 @@ func ledgerRelease(f *flags) runFunc {
 	}
 }
 
+// purgeJSON is ledger purge --json.
+type purgeJSON struct {
+	Deleted int64 `json:"deleted"`
+	// Busy: another instance held the janitor lock and is purging; this
+	// run stopped (after Deleted rows).
+	Busy bool `json:"busy"`
+}
+
 func ledgerPurge(f *flags) runFunc {
 	db := addDBFlags(f)
 	expired := f.Bool("expired", false, "delete the rows whose retention ran out (required)")
-	batch := f.Int("batch", 1000, "most rows one statement deletes; small batches keep locks and WAL bursts short")
+	batch := f.Int("batch", 1000, "most `rows` one statement deletes; small batches keep locks and WAL bursts short")
 	pause := f.Duration("pause", 10*time.Millisecond, "pause between batches")
-	asJSON := f.Bool("json", false, "print JSON")
+	asJSON := f.jsonFlag()
 	return func(ctx context.Context, a *app, args []string) error {
 		if err := wantArgs(args); err != nil {
 			return err
@@ -458,12 +476,7 @@ func ledgerPurge(f *flags) runFunc {
 			return fmt.Errorf("%w (deleted %d rows before)", err, deleted)
 		}
 		if *asJSON {
-			return writeJSON(a.stdout, struct {
-				Deleted int64 `json:"deleted"`
-				// Busy: another instance held the janitor lock and is
-				// purging; this run stopped (after Deleted rows).
-				Busy bool `json:"busy"`
-			}{deleted, busy})
+			return writeJSON(a.stdout, purgeJSON{deleted, busy})
 		}
 		if busy {
 			fmt.Fprintf(a.stdout, "another instance holds the janitor lock and is purging; deleted %d %s before it did\n", deleted, plural(deleted, "row", "rows"))

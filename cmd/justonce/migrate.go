@@ -64,11 +64,12 @@ func (d *dbFlags) migrator(ctx context.Context) (*migrations.Migrator, *pgxpool.
 func migrateUp(f *flags) runFunc {
 	db := addDBFlags(f)
 	to := f.Int("to", 0, "target `version`; 0: the latest")
+	asJSON := f.jsonFlag()
 	return func(ctx context.Context, a *app, args []string) error {
 		if err := wantArgs(args); err != nil {
 			return err
 		}
-		return migrateTo(ctx, a, db, *to, true)
+		return migrateTo(ctx, a, db, *to, true, *asJSON)
 	}
 }
 
@@ -76,6 +77,7 @@ func migrateDown(f *flags) runFunc {
 	db := addDBFlags(f)
 	to := f.Int("to", 0, "target `version`; 0 reverts everything")
 	yes := f.Bool("yes", false, "confirm: reverting version 1 drops processed_events")
+	asJSON := f.jsonFlag()
 	return func(ctx context.Context, a *app, args []string) error {
 		if err := wantArgs(args); err != nil {
 			return err
@@ -83,11 +85,22 @@ func migrateDown(f *flags) runFunc {
 		if !*yes {
 			return usageErrorf("migrate down drops ledger tables and the keys in them; pass --yes to confirm")
 		}
-		return migrateTo(ctx, a, db, *to, false)
+		return migrateTo(ctx, a, db, *to, false, *asJSON)
 	}
 }
 
-func migrateTo(ctx context.Context, a *app, db *dbFlags, to int, up bool) error {
+// migrateJSON is migrate up --json and migrate down --json.
+type migrateJSON struct {
+	Schema string `json:"schema"`
+	// From and To: the schema version before and after.
+	From int `json:"from"`
+	To   int `json:"to"`
+	// Applied: the versions applied (up) or reverted (down), in the order
+	// they ran; empty when there was nothing to do.
+	Applied []int `json:"applied"`
+}
+
+func migrateTo(ctx context.Context, a *app, db *dbFlags, to int, up, asJSON bool) error {
 	if to < 0 {
 		return usageErrorf("--to must not be negative")
 	}
@@ -110,36 +123,48 @@ func migrateTo(ctx context.Context, a *app, db *dbFlags, to int, up bool) error 
 	if up && to == 0 {
 		to = st.Latest
 	}
+	out := migrateJSON{Schema: schema, From: st.Version, To: st.Version, Applied: []int{}}
 	switch {
 	case up && to < st.Version:
 		return usageErrorf("--to %d is below the current version %d; use migrate down", to, st.Version)
 	case !up && to > st.Version:
 		return usageErrorf("--to %d is above the current version %d; use migrate up", to, st.Version)
-	case to == st.Version:
-		fmt.Fprintf(a.stdout, "schema %s: already at version %d, nothing to do\n", schema, st.Version)
-		return nil
+	case to != st.Version:
+		res, err := m.Migrate(ctx, to)
+		if err != nil {
+			return migrateErr(err)
+		}
+		// No versions applied: another instance migrated meanwhile.
+		out.From, out.To = res.From, res.To
+		out.Applied = append(out.Applied, res.Applied...)
 	}
-	res, err := m.Migrate(ctx, to)
-	if err != nil {
-		return migrateErr(err)
+	if asJSON {
+		return writeJSON(a.stdout, out)
+	}
+	if len(out.Applied) == 0 {
+		fmt.Fprintf(a.stdout, "schema %s: already at version %d, nothing to do\n", schema, out.To)
+		return nil
 	}
 	verb := "applied"
 	if !up {
 		verb = "reverted"
 	}
-	if len(res.Applied) == 0 {
-		// Another instance migrated meanwhile.
-		fmt.Fprintf(a.stdout, "schema %s: already at version %d, nothing to do\n", schema, res.To)
-		return nil
-	}
 	fmt.Fprintf(a.stdout, "schema %s: %s %s, now at version %d (was %d)\n",
-		schema, verb, versions(res.Applied), res.To, res.From)
+		schema, verb, versions(out.Applied), out.To, out.From)
 	return nil
+}
+
+// migrateStatusJSON is migrate status --json.
+type migrateStatusJSON struct {
+	Schema  string `json:"schema"`
+	Version int    `json:"version"` // 0: not migrated
+	Latest  int    `json:"latest"`  // the latest version this build knows
+	Pending []int  `json:"pending"`
 }
 
 func migrateStatus(f *flags) runFunc {
 	db := addDBFlags(f)
-	asJSON := f.Bool("json", false, "print JSON")
+	asJSON := f.jsonFlag()
 	return func(ctx context.Context, a *app, args []string) error {
 		if err := wantArgs(args); err != nil {
 			return err
@@ -158,12 +183,7 @@ func migrateStatus(f *flags) runFunc {
 			if pending == nil {
 				pending = []int{}
 			}
-			return writeJSON(a.stdout, struct {
-				Schema  string `json:"schema"`
-				Version int    `json:"version"`
-				Latest  int    `json:"latest"`
-				Pending []int  `json:"pending"`
-			}{schema, st.Version, st.Latest, pending})
+			return writeJSON(a.stdout, migrateStatusJSON{schema, st.Version, st.Latest, pending})
 		}
 		state := "up to date"
 		if len(st.Pending) > 0 {

@@ -23,7 +23,7 @@ reports per partition how many were seen, would be skipped as duplicates,
 would run, are recorded failed, or carry no ID. Nothing runs, nothing is
 recorded, no consumer group or durable is touched. To run the missing events,
 call Replay from Go with your handler (kafkainbox.Consumer.Replay,
-natsinbox.Replay); the report has the same shape.`
+natsinbox.Replay); its report counts the same things.`
 
 func replayCommand() *command {
 	return &command{
@@ -49,22 +49,29 @@ func replayCommand() *command {
 
 // replayCommon are the flags both transports share.
 type replayCommon struct {
+	transport                                 string
 	scope, tenant, since, fromTime, idHeaders string
-	asJSON                                    bool
+	asJSON                                    *bool
+	f                                         *flags
 }
 
-func addReplayFlags(f *flags) *replayCommon {
-	r := &replayCommon{}
-	f.StringVar(&r.scope, "scope", "", "ledger `scope` of the consumer (Kafka: its group; NATS: its durable). Required")
-	f.StringVar(&r.tenant, "tenant", "", "`tenant` of the keys (all messages)")
-	f.StringVar(&r.since, "since", "", "start this long ago (e.g. 24h)")
-	f.StringVar(&r.fromTime, "from-time", "", "start at this RFC 3339 `time`")
-	f.StringVar(&r.idHeaders, "id-header", "", "comma-separated `headers` holding the event ID (default: the transport's)")
-	f.BoolVar(&r.asJSON, "json", false, "print JSON")
+func addReplayFlags(f *flags, transport string) *replayCommon {
+	r := &replayCommon{transport: transport, f: f}
+	f.StringVar(&r.scope, "scope", "", "ledger `scope` of the consumer (Kafka: its group; NATS: its durable); required")
+	f.StringVar(&r.tenant, "tenant", "", "`tenant` of the keys (all messages); empty: no tenant")
+	f.StringVar(&r.since, "since", "", "start this long ago, a `duration` such as 24h; empty: no start time")
+	f.StringVar(&r.fromTime, "from-time", "", "start at this RFC 3339 `time`, e.g. 2026-11-20T00:00:00Z; empty: no start time")
+	f.StringVar(&r.idHeaders, "id-header", "", "comma-separated `headers` holding the event ID; empty: the transport's default")
+	r.asJSON = f.jsonFlag()
 	return r
 }
 
-func (r *replayCommon) start() (time.Time, error) {
+// start is the start time the flags ask for, zero for none. position is
+// the name of the transport's start position flag, which excludes a time.
+func (r *replayCommon) start(position string) (time.Time, error) {
+	if (r.since != "" || r.fromTime != "") && r.f.isSet(position) {
+		return time.Time{}, usageErrorf("give --%s or a start time (--since, --from-time), not both", position)
+	}
 	switch {
 	case r.since != "" && r.fromTime != "":
 		return time.Time{}, usageErrorf("give --since or --from-time, not both")
@@ -110,9 +117,46 @@ func (r *replayCommon) processor(ctx context.Context, db *dbFlags, def consumer.
 	return p, done, nil
 }
 
+// replayJSON is replay kafka --json and replay nats --json.
+type replayJSON struct {
+	Transport  string             `json:"transport"` // "kafka" or "nats"
+	Scope      string             `json:"scope"`
+	DryRun     bool               `json:"dry_run"` // always true on the command line
+	Partitions []replayCountsJSON `json:"partitions"`
+	Total      replayTotalJSON    `json:"total"`
+	Took       float64            `json:"took_seconds"`
+}
+
+// replayCountsJSON counts one partition (NATS: the stream, partition 0).
+type replayCountsJSON struct {
+	Partition int `json:"partition"`
+	// First and Last: the first and last offset (Kafka) or stream
+	// sequence (NATS) read.
+	First int64 `json:"first"`
+	Last  int64 `json:"last"`
+	replayTotalJSON
+}
+
+type replayTotalJSON struct {
+	Seen     int64 `json:"seen"`
+	Skipped  int64 `json:"skipped"`   // done already: duplicates
+	WouldRun int64 `json:"would_run"` // not in the ledger
+	Failed   int64 `json:"failed"`    // recorded failed
+	NoID     int64 `json:"no_id"`     // carry no event ID
+}
+
+func replayTotal(p consumer.PartitionReport) replayTotalJSON {
+	return replayTotalJSON{Seen: p.Seen, Skipped: p.Skipped, WouldRun: p.Ran, Failed: p.Failed, NoID: p.NoID}
+}
+
 func (r *replayCommon) report(a *app, rep consumer.ReplayReport) error {
-	if r.asJSON {
-		return writeJSON(a.stdout, rep)
+	if *r.asJSON {
+		out := replayJSON{Transport: r.transport, Scope: r.scope, DryRun: rep.DryRun,
+			Partitions: []replayCountsJSON{}, Total: replayTotal(rep.Total), Took: seconds(rep.Took)}
+		for _, p := range rep.Partitions {
+			out.Partitions = append(out.Partitions, replayCountsJSON{p.Partition, p.First, p.Last, replayTotal(p)})
+		}
+		return writeJSON(a.stdout, out)
 	}
 	tw := tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "PARTITION\tFIRST\tLAST\tSEEN\tSKIPPED\tWOULD RUN\tFAILED\tNO ID")
@@ -134,12 +178,12 @@ func progress(a *app) func(consumer.ReplayReport) {
 
 func replayKafka(f *flags) runFunc {
 	db := addDBFlags(f)
-	rc := addReplayFlags(f)
+	rc := addReplayFlags(f, "kafka")
 	var brokers, topic string
 	var fromOffset int64
-	f.stringEnv(&brokers, "brokers", "KAFKA_BROKERS", "comma-separated Kafka `brokers`")
-	f.StringVar(&topic, "topic", "", "`topic` to replay. Required")
-	f.Int64Var(&fromOffset, "from-offset", 0, "first `offset` of every partition (default: the oldest kept)")
+	f.stringEnv(&brokers, "brokers", "KAFKA_BROKERS", "comma-separated Kafka `brokers` (host:port,...)")
+	f.StringVar(&topic, "topic", "", "`topic` to replay; required")
+	f.Int64Var(&fromOffset, "from-offset", 0, "first `offset` of every partition; 0: the oldest the topic keeps")
 	return func(ctx context.Context, a *app, args []string) error {
 		if err := wantArgs(args); err != nil {
 			return err
@@ -147,7 +191,10 @@ func replayKafka(f *flags) runFunc {
 		if brokers == "" || topic == "" {
 			return usageErrorf("--brokers and --topic are required")
 		}
-		start, err := rc.start()
+		if fromOffset < 0 {
+			return usageErrorf("--from-offset must not be negative")
+		}
+		start, err := rc.start("from-offset")
 		if err != nil {
 			return err
 		}
@@ -167,13 +214,13 @@ func replayKafka(f *flags) runFunc {
 
 func replayNATS(f *flags) runFunc {
 	db := addDBFlags(f)
-	rc := addReplayFlags(f)
+	rc := addReplayFlags(f, "nats")
 	var url, stream, subject string
 	var fromSeq uint64
-	f.stringEnv(&url, "nats-url", "NATS_URL", "NATS server `URL`")
-	f.StringVar(&stream, "stream", "", "JetStream `stream` to replay. Required")
-	f.StringVar(&subject, "subject", "", "only this `subject` (filter)")
-	f.Uint64Var(&fromSeq, "from-seq", 0, "first stream `sequence` (default: the oldest kept)")
+	f.stringEnv(&url, "nats-url", "NATS_URL", "NATS server `URL`, e.g. nats://127.0.0.1:4222")
+	f.StringVar(&stream, "stream", "", "JetStream `stream` to replay; required")
+	f.StringVar(&subject, "subject", "", "only this `subject` (a filter); empty: every subject of the stream")
+	f.Uint64Var(&fromSeq, "from-seq", 0, "first stream `sequence`; 0: the oldest the stream keeps")
 	return func(ctx context.Context, a *app, args []string) error {
 		if err := wantArgs(args); err != nil {
 			return err
@@ -181,7 +228,7 @@ func replayNATS(f *flags) runFunc {
 		if url == "" || stream == "" {
 			return usageErrorf("--nats-url and --stream are required")
 		}
-		start, err := rc.start()
+		start, err := rc.start("from-seq")
 		if err != nil {
 			return err
 		}

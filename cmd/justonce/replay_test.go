@@ -49,8 +49,25 @@ func TestBinaryReplayDryRun(t *testing.T) {
 		require.Contains(t, r.stdout, "seen 10, skipped as duplicates 6, would run 4, failed 0")
 		require.Equal(t, 6, pg.Count(t, `SELECT count(*) FROM processed_events`), "a dry run records nothing")
 
-		r = b.on(t).run("replay", "nats", "--stream", "ORDERS", "--scope", "billing")
-		require.Equal(t, 2, r.code, r.String())
+		var rep replayJSON
+		b.on(t).json(&rep, "replay", "nats", "--nats-url", ns.ClientURL(), "--stream", "ORDERS", "--scope", "billing", "--from-seq", "3")
+		require.Equal(t, replayTotalJSON{Seen: 8, Skipped: 4, WouldRun: 4}, rep.Total)
+		require.Equal(t, []replayCountsJSON{{Partition: 0, First: 3, Last: 10, replayTotalJSON: rep.Total}}, rep.Partitions)
+		require.Equal(t, "nats", rep.Transport)
+		require.Equal(t, "billing", rep.Scope)
+		require.True(t, rep.DryRun)
+
+		for _, args := range [][]string{
+			{"--stream", "ORDERS", "--scope", "billing"},
+			{"--nats-url", ns.ClientURL(), "--stream", "ORDERS"},
+			{"--nats-url", ns.ClientURL(), "--stream", "ORDERS", "--scope", "billing", "--from-seq", "3", "--since", "1h"},
+			{"--nats-url", ns.ClientURL(), "--stream", "ORDERS", "--scope", "billing", "--since", "1h", "--from-time", "2026-01-01T00:00:00Z"},
+			{"--nats-url", ns.ClientURL(), "--stream", "ORDERS", "--scope", "billing", "--from-time", "yesterday"},
+		} {
+			r = b.on(t).run(append([]string{"replay", "nats"}, args...)...)
+			require.Equal(t, exitUsage, r.code, "%v\n%s", args, r)
+			require.Empty(t, r.stdout)
+		}
 	})
 
 	t.Run("Kafka", func(t *testing.T) {
@@ -65,9 +82,22 @@ func TestBinaryReplayDryRun(t *testing.T) {
 			msgs = append(msgs, kafkainbox.NewMessage(id, []byte(id), []byte("{}")))
 		}
 		require.NoError(t, w.WriteMessages(ctx, msgs...))
-		r := b.on(t).must("replay", "kafka", "--brokers", brokers[0], "--topic", topic, "--scope", "billing", "--json")
-		require.Contains(t, r.stdout, `"Seen": 10`)
-		require.Contains(t, r.stdout, `"Skipped": 6`)
-		require.Contains(t, r.stdout, `"Ran": 4`)
+		var rep replayJSON
+		b.on(t).json(&rep, "replay", "kafka", "--brokers", brokers[0], "--topic", topic, "--scope", "billing")
+		require.Equal(t, replayTotalJSON{Seen: 10, Skipped: 6, WouldRun: 4}, rep.Total)
+		require.Len(t, rep.Partitions, 2)
+		var seen int64
+		for _, p := range rep.Partitions {
+			seen += p.Seen
+			require.Equal(t, p.Seen, p.Last-p.First+1, "%+v", p)
+		}
+		require.EqualValues(t, 10, seen)
+		require.Equal(t, "kafka", rep.Transport)
+		require.True(t, rep.DryRun)
+
+		r := b.on(t).must("replay", "kafka", "--brokers", brokers[0], "--topic", topic, "--scope", "billing")
+		require.Contains(t, r.stdout, "seen 10, skipped as duplicates 6, would run 4, failed 0")
+		r = b.on(t).run("replay", "kafka", "--brokers", brokers[0], "--topic", topic, "--scope", "billing", "--from-offset", "-1")
+		require.Equal(t, exitUsage, r.code, "%s", r)
 	})
 }
