@@ -116,7 +116,7 @@ type MismatchPolicy uint8
 
 // Mismatch policies.
 const (
-	// MismatchReject answers 422 (key-reused), as the IETF draft says.
+	// MismatchReject answers 422 (key-reused), as the IETF Idempotency-Key specification says.
 	MismatchReject MismatchPolicy = iota
 	// MismatchNewRequest treats the same key with another request as a new
 	// request: the fingerprint becomes part of the ledger ID. Such a route

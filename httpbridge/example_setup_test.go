@@ -3,12 +3,24 @@ package httpbridge_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/justonce/justonce/internal/testsvc"
 )
+
+// TestMain points DATABASE_URL, which the package example reads as a
+// user's program would, at the test Postgres.
+func TestMain(m *testing.M) {
+	if os.Getenv("DATABASE_URL") == "" {
+		if u := testsvc.Getenv("JUSTONCE_TEST_POSTGRES_URL"); u != "" {
+			_ = os.Setenv("DATABASE_URL", u)
+		}
+	}
+	os.Exit(m.Run())
+}
 
 // exampleTB lets the examples borrow the tests' service discovery (an
 // environment variable, .services.env or a container) without a

@@ -1,70 +1,90 @@
 package httpbridge_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"io"
+	"log"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
+	"time"
 
+	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/justonce/justonce/httpbridge"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/migrations"
 )
 
 // A route whose handler writes in the ledger's transaction: a retry with
-// the same key gets the stored response, marked as a replay.
+// the same key gets the stored response, marked as a replay, and the order
+// is made once. DATABASE_URL points at any Postgres (the tests set it to
+// the local one).
 func Example() {
-	pool, done := exampleDB()
-	defer done()
+	ctx := context.Background()
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer pool.Close()
+	if _, err := migrations.New(pool, migrations.Config{Schema: "justonce"}).Up(ctx); err != nil {
+		log.Fatal(err)
+	}
+	ledger, err := inbox.New(pool, inbox.Config{Schema: "justonce"})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS orders (id bigserial PRIMARY KEY, item text NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
 
-	ledger, _ := inbox.New(pool, inbox.Config{})
 	bridge, err := httpbridge.New(httpbridge.Config{Ledger: ledger})
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
-	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
+	createOrder := func(w http.ResponseWriter, r *http.Request) {
+		tx := httpbridge.Tx(r.Context()) // the ledger's transaction
 		var id int64
-		// The order, the ledger row and the stored response commit together.
-		err := httpbridge.Tx(r.Context()).QueryRow(r.Context(),
-			`INSERT INTO orders (body) VALUES ($1) RETURNING id`, body).Scan(&id)
+		err := tx.QueryRow(r.Context(), `INSERT INTO orders (item) VALUES ('book') RETURNING id`).Scan(&id)
 		if err != nil {
 			http.Error(w, "try again", http.StatusServiceUnavailable) // 5xx: rolled back, key free
 			return
 		}
-		w.Header().Set("Content-Type", "application/json")
-		w.WriteHeader(http.StatusCreated)
+		w.WriteHeader(http.StatusCreated) // stored with the ledger row, sent after COMMIT
 		fmt.Fprintf(w, `{"order":%d}`, id)
-	})
-
+	}
+	orders := bridge.Route(httpbridge.RouteConfig{Scope: "orders", Required: true, TTL: 72 * time.Hour})
 	mux := http.NewServeMux()
-	orders := bridge.Route(httpbridge.RouteConfig{Scope: "orders", Required: true})
-	mux.Handle("POST /orders", orders(createOrder))
+	mux.Handle("POST /orders", orders(http.HandlerFunc(createOrder)))
+
+	// A client sends one operation twice with one key (httptest stands in
+	// for your server).
 	srv := httptest.NewServer(mux)
 	defer srv.Close()
-
-	for i := 0; i < 2; i++ {
+	key := uuid.NewString()
+	var first []byte
+	for range 2 {
 		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"item":"book"}`))
 		req.Header.Set("Content-Type", "application/json")
-		req.Header.Set("Idempotency-Key", `"8e03978e-40d5-43e8-bc93-6894a57f9324"`)
+		req.Header.Set("Idempotency-Key", key)
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
-			panic(err)
+			log.Fatal(err)
 		}
 		body, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		fmt.Println(resp.StatusCode, string(body), "replayed:", resp.Header.Get("Idempotent-Replayed") == "true")
+		fmt.Println(resp.StatusCode, "replayed:", resp.Header.Get("Idempotent-Replayed") == "true",
+			"same body:", first == nil || bytes.Equal(body, first))
+		first = body
 	}
-	var n int
-	_ = pool.QueryRow(context.Background(), `SELECT count(*) FROM orders`).Scan(&n)
-	fmt.Println("orders:", n)
 	// Output:
-	// 201 {"order":1} replayed: false
-	// 201 {"order":1} replayed: true
-	// orders: 1
+	// 201 replayed: false same body: true
+	// 201 replayed: true same body: true
 }
 
 // A Kafka consumer and an HTTP route share the scope "payments": the event

@@ -32,8 +32,8 @@ func errKeyTooLong(max int) *keyError {
 	return &keyError{"the key is longer than " + strconv.Itoa(max) + " characters"}
 }
 
-// parseKey parses one Idempotency-Key field value, per
-// draft-ietf-httpapi-idempotency-key-header: the value is a structured-field
+// parseKey parses one Idempotency-Key field value, per the IETF
+// Idempotency-Key header field: the value is a structured-field
 // String (RFC 8941 sf-string, "..." with \" and \\ escapes). A bare value
 // is accepted too, as most clients send one: any printable ASCII except
 // space, '"', '\', ',' and ';'. Lists (a ',' outside the quotes),
