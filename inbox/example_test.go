@@ -32,7 +32,7 @@ func Example() {
 	if err != nil {
 		log.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS payments (order_id text PRIMARY KEY, cents int)`); err != nil {
+	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS quickstart_payments (order_id text PRIMARY KEY, cents int)`); err != nil {
 		log.Fatal(err)
 	}
 
@@ -42,7 +42,7 @@ func Example() {
 		out, err := ledger.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "payments", ID: eventID}},
 			func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 				// Your writes: they commit with the ledger row, or not at all.
-				_, err := tx.Exec(ctx, `INSERT INTO payments (order_id, cents) VALUES ($1, $2)`, orderID, cents)
+				_, err := tx.Exec(ctx, `INSERT INTO quickstart_payments (order_id, cents) VALUES ($1, $2)`, orderID, cents)
 				return inbox.Result{}, err
 			})
 		switch {
