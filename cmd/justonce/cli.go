@@ -70,11 +70,13 @@ type command struct {
 
 // rootCommand is the command tree.
 //
-// Further command groups plug in here: replay (replay kafka …, replay nats …)
-// is a group built like ledgerCommand, in its own file (replay.go), added to
-// this list. Its leaves take the connection flags with addDBFlags, open the
+// Each leaf gets its own flag.FlagSet; a group such as replay (replay
+// kafka, replay nats) is a *command with subs, in its own file, added to
+// this list. Leaves take the connection flags with addDBFlags, open the
 // ledger with dbFlags.ledger, report usage errors with usageErrorf, write
-// results to a.stdout and progress to a.stderr.
+// results to a.stdout and progress to a.stderr. A leaf that prints a result
+// takes --json (flags.jsonFlag) and its object is added to the package
+// documentation's list, which the tests check against the output.
 func rootCommand() *command {
 	return &command{
 		name: "justonce",

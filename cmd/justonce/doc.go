@@ -134,12 +134,4 @@
 // rows deleted before). replay: first and last are offsets (Kafka) or
 // stream sequences (NATS, one partition 0); would_run counts events the
 // ledger has not done.
-//
-// # Adding commands
-//
-// The command tree is built in rootCommand (cli.go). Each leaf gets its
-// own flag.FlagSet; a group such as "replay kafka" / "replay nats" is a
-// *command with subs, in its own file, appended to rootCommand's list. A
-// leaf that prints a result takes --json (flags.jsonFlag) and adds its
-// object to the list above; the tests check the list against the output.
 package main

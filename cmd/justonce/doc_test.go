@@ -242,6 +242,22 @@ func TestDocumented(t *testing.T) {
 	for name := range jsonDocs {
 		require.True(t, withJSON[name], "doc.go documents JSON for %q, which has no --json", name)
 	}
+	// The environment: every variable a flag reads is in the top-level
+	// help's list and in the documentation's, and only those.
+	config := strings.Join(docSection(t, "Configuration"), "\n")
+	helpEnv := map[string]bool{}
+	for _, e := range environment {
+		helpEnv[e.name] = true
+		require.Contains(t, config, " "+e.name+" ", "doc.go names the variable")
+	}
+	read := map[string]bool{}
+	for _, l := range leaves() {
+		for _, env := range l.flags.env {
+			read[env] = true
+			require.True(t, helpEnv[env], "the top-level help lists %s", env)
+		}
+	}
+	require.Len(t, read, len(helpEnv), "the top-level help lists only variables a flag reads")
 	// Each example follows the rules it documents.
 	for name, v := range jsonDocs {
 		for _, p := range compareJSON(name, v, v) {
