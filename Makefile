@@ -7,7 +7,7 @@ GO ?= go
 # (The year-style tag is not resolvable through the module proxy; pin the semver.)
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all services-up services-down services-status test lint bench demo fuzz chaos chaos-short
+.PHONY: all services-up services-down services-status test lint bench demo fuzz chaos chaos-short generate
 
 all: lint test
 
@@ -39,6 +39,19 @@ demo: services-up
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 30s ./httpbridge
 	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime 30s ./internal/fingerprint
+
+# generate: regenerate the committed protobuf code of the gRPC test service
+# (CI does not need protoc). Needs Debian's protobuf-compiler; the plugins are
+# installed at pinned versions.
+PROTOC_GEN_GO_VERSION ?= v1.36.12
+PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
+generate:
+	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
+	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc -I internal/grpctest/testpb \
+		--go_out=paths=source_relative:internal/grpctest/testpb \
+		--go-grpc_out=paths=source_relative:internal/grpctest/testpb \
+		internal/grpctest/testpb/orders.proto
 
 # chaos: the full fault-injection run (100,000 events per transport, 20 % duplicates,
 # >= 20 SIGKILLs of consumers, Postgres and Kafka crashes (SIGKILL + restart of the

@@ -1,0 +1,322 @@
+package grpcbridge
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/base64"
+	"fmt"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc/codes"
+
+	"github.com/justonce/justonce/inbox"
+)
+
+// Defaults.
+const (
+	// DefaultMetadataKey is the request metadata carrying the key.
+	DefaultMetadataKey = "idempotency-key"
+	// DefaultFirstSentKey is the request metadata carrying first_sent
+	// (RFC 3339) when the key comes from metadata.
+	DefaultFirstSentKey = "idempotency-first-sent"
+	// DefaultReplayHeader is set to "true" in the header metadata of a
+	// replayed response.
+	DefaultReplayHeader = "idempotent-replayed"
+	// DefaultField is the request message field of AEP-155.
+	DefaultField = "idempotency_key"
+	// DefaultRetryAfter is the delay in the RetryInfo of retryable answers.
+	DefaultRetryAfter = time.Second
+	// DefaultHandlerTimeout bounds a keyed handler's run.
+	DefaultHandlerTimeout = time.Minute
+	// DefaultClockSkew is the clock difference between clients and servers
+	// that first_sent checks allow.
+	DefaultClockSkew = time.Minute
+)
+
+// Config configures a Bridge: the ledger, what every method shares, and
+// the per-method policies. The zero value of every field but Ledger and
+// Methods is a working default.
+type Config struct {
+	// Ledger records the calls, in the same processed_events table the
+	// consumers and the HTTP bridge use. It is also the logger's source
+	// (Ledger.Logger). Required.
+	Ledger *inbox.Ledger
+
+	// Methods maps a full method name ("/pkg.Service/Method") or a whole
+	// service ("/pkg.Service/*") to its policy. An exact name wins over
+	// its service. Methods not listed pass through untouched.
+	Methods map[string]MethodConfig
+
+	// MetadataKey names the request metadata carrying the key. Default
+	// "idempotency-key".
+	MetadataKey string
+	// FirstSentKey names the request metadata carrying first_sent, an RFC
+	// 3339 time, for methods taking the key from metadata. Default
+	// "idempotency-first-sent".
+	FirstSentKey string
+	// ReplayHeader is set to "true" in the header metadata of replayed
+	// answers. Default "idempotent-replayed".
+	ReplayHeader string
+
+	// Tenant returns the call's tenant, typically from the auth
+	// information an earlier interceptor put in ctx. Keys never match
+	// across tenants. Nil: no tenants (""), which is also what consumers
+	// use.
+	Tenant func(ctx context.Context) string
+	// Principal returns who sent the call (a user or client ID). It is
+	// recorded for audit and, by default, isolates keys per principal
+	// (MethodConfig.PrincipalKeys). Nil, or "" for a call: keys are shared
+	// by every caller of the tenant.
+	Principal func(ctx context.Context) string
+
+	// RetryAfter is the delay put in the RetryInfo of Aborted (in flight)
+	// and Unavailable (store down) answers. Default 1 s.
+	RetryAfter time.Duration
+	// HandlerTimeout bounds a keyed call's handler and ledger work. Keyed
+	// handlers run on a context that does not end when the client cancels
+	// or its deadline passes, so that work a client started is finished
+	// and recorded, and its retry gets the replay. Default 1 minute.
+	HandlerTimeout time.Duration
+	// ClockSkew is how far a client's clock may differ from the server's
+	// in first_sent checks. Default 1 minute.
+	ClockSkew time.Duration
+}
+
+// KeySource says where a method's key is read.
+type KeySource uint8
+
+// Key sources.
+const (
+	// KeyFromMetadata reads the key from Config.MetadataKey and first_sent
+	// from Config.FirstSentKey.
+	KeyFromMetadata KeySource = iota
+	// KeyFromMessage reads the key from a field of the request message
+	// (AEP-155): the message's IdempotencyKey method when it has one
+	// (KeyedRequest), else the field named MethodConfig.Field, a message
+	// with a string "key" and a google.protobuf.Timestamp "first_sent"
+	// (aep.api.IdempotencyKey), or a plain string field.
+	KeyFromMessage
+)
+
+// KeyFormat restricts the keys a method accepts.
+type KeyFormat uint8
+
+// Key formats.
+const (
+	// KeyAny accepts printable ASCII, 1 to 255 bytes.
+	KeyAny KeyFormat = iota
+	// KeyUUID accepts only UUIDs (8-4-4-4-12 hex digits, any version),
+	// compared case-insensitively.
+	KeyUUID
+	// KeyAEP accepts printable ASCII of 1 to 36 bytes, AEP-155's limit.
+	KeyAEP
+)
+
+// PrincipalPolicy says whether a method's keys are isolated per
+// principal (Config.Principal).
+type PrincipalPolicy uint8
+
+// Principal policies.
+const (
+	// PrincipalIsolated (the default) gives each principal its own key
+	// space: the ledger ID of a call with a principal is
+	// PrincipalKeyID(key, principal), the one the HTTP bridge uses. A key
+	// replays only to the principal that sent it; another principal's call
+	// with the same key runs on its own.
+	PrincipalIsolated PrincipalPolicy = iota
+	// PrincipalShared keys calls by the key alone; the principal is
+	// recorded for audit only. Use it for methods whose keys are shared
+	// with a consumer.
+	PrincipalShared
+)
+
+// MethodConfig is the policy of one method (or service). Its zero values
+// are the defaults; Scope is required.
+type MethodConfig struct {
+	// Scope is the ledger scope of the method's keys. An HTTP route or a
+	// consumer naming the same scope shares dedupe with it. Required.
+	Scope string
+	// Off lets the method pass through untouched (to exempt one method of
+	// a service listed as "/pkg.Service/*").
+	Off bool
+	// Required answers InvalidArgument to a call without a key. Default
+	// false: such calls run without dedupe, in a plain transaction.
+	Required bool
+	// Key says where the key is read. Default KeyFromMetadata.
+	Key KeySource
+	// Field names the request field holding the key for KeyFromMessage.
+	// Default "idempotency_key". The field is cleared from the message
+	// before fingerprinting, so retries with another first_sent still
+	// match.
+	Field string
+	// KeyFormat restricts the keys accepted. Default KeyAny.
+	KeyFormat KeyFormat
+	// RequireFirstSent answers InvalidArgument to a keyed call without
+	// first_sent. Default false.
+	RequireFirstSent bool
+	// TTL is how long a key is remembered. 0: the ledger's default (24 h).
+	// AEP-155 asks for at least an hour.
+	TTL time.Duration
+	// LockWait is how long a duplicate waits for the call holding its key
+	// to finish (then it gets the replay) before answering Aborted. 0:
+	// answer at once.
+	LockWait time.Duration
+	// Store decides which status codes are stored (and the handler's
+	// writes committed). A code it refuses rolls back: the handler's
+	// writes are undone, the key stays free, the client still gets the
+	// answer. Nil: DefaultStore.
+	Store func(code codes.Code) bool
+	// FingerprintMetadata names request metadata that take part in the
+	// fingerprint (an API version, say). Default none.
+	FingerprintMetadata []string
+	// PrincipalKeys says whether keys are isolated per principal. Default
+	// PrincipalIsolated.
+	PrincipalKeys PrincipalPolicy
+}
+
+// DefaultStore is the default storage policy: OK and the answers that
+// would be the same if the call were sent again are stored
+// (InvalidArgument, NotFound, AlreadyExists, PermissionDenied,
+// FailedPrecondition, OutOfRange, Unimplemented, Unauthenticated).
+// Transient or server-side failures release the key: Unavailable,
+// Internal, DeadlineExceeded, Canceled, Unknown (a plain Go error),
+// Aborted, ResourceExhausted, DataLoss.
+func DefaultStore(code codes.Code) bool {
+	switch code {
+	case codes.OK, codes.InvalidArgument, codes.NotFound, codes.AlreadyExists, codes.PermissionDenied,
+		codes.FailedPrecondition, codes.OutOfRange, codes.Unimplemented, codes.Unauthenticated:
+		return true
+	}
+	return false
+}
+
+// principalSep separates the key from the principal's digest in the
+// ledger ID, as the HTTP bridge does.
+const principalSep = "\u00b7"
+
+// principalSuffixLen is what principal isolation appends to the key.
+const principalSuffixLen = 24
+
+// PrincipalKeyID returns the ledger ID under which a method with
+// PrincipalIsolated records key for principal: the key, U+00B7 and the
+// first 16 bytes of SHA-256(principal) in unpadded base64url, the same ID
+// httpbridge.PrincipalKeyID gives, so that one principal's key dedupes
+// across the two fronts.
+func PrincipalKeyID(key, principal string) string {
+	sum := sha256.Sum256([]byte(principal))
+	return key + principalSep + base64.RawURLEncoding.EncodeToString(sum[:16])
+}
+
+// Validate reports whether the Config is usable. Errors match
+// inbox.ErrConfig.
+func (c Config) Validate() error {
+	if c.Ledger == nil {
+		return configErr("Ledger is nil")
+	}
+	if len(c.Methods) == 0 {
+		return configErr("Methods is empty")
+	}
+	for name, mc := range c.Methods {
+		if !validMethodName(name) {
+			return configErr("method name %q is not \"/pkg.Service/Method\" nor \"/pkg.Service/*\"", name)
+		}
+		if err := mc.validate(); err != nil {
+			return fmt.Errorf("%w (method %s)", err, name)
+		}
+	}
+	for _, k := range []string{c.MetadataKey, c.FirstSentKey, c.ReplayHeader} {
+		if k != "" && !validMetadataKey(k) {
+			return configErr("invalid metadata key %q", k)
+		}
+	}
+	switch {
+	case c.RetryAfter < 0:
+		return configErr("RetryAfter is negative")
+	case c.HandlerTimeout < 0:
+		return configErr("HandlerTimeout is negative")
+	case c.ClockSkew < 0:
+		return configErr("ClockSkew is negative")
+	}
+	return nil
+}
+
+func (mc MethodConfig) validate() error {
+	if mc.Off {
+		return nil
+	}
+	if mc.Scope == "" {
+		return configErr("Scope is empty")
+	}
+	if err := (inbox.Key{Scope: mc.Scope, ID: "x"}).Validate(0); err != nil {
+		return configErr("Scope: %v", err)
+	}
+	switch {
+	case mc.Key > KeyFromMessage:
+		return configErr("unknown KeySource %d", mc.Key)
+	case mc.KeyFormat > KeyAEP:
+		return configErr("unknown KeyFormat %d", mc.KeyFormat)
+	case mc.PrincipalKeys > PrincipalShared:
+		return configErr("unknown PrincipalPolicy %d", mc.PrincipalKeys)
+	case mc.TTL < 0:
+		return configErr("TTL is negative")
+	case mc.Field != "" && mc.Key != KeyFromMessage:
+		return configErr("Field is set but Key is not KeyFromMessage")
+	}
+	for _, k := range mc.FingerprintMetadata {
+		if !validMetadataKey(k) {
+			return configErr("invalid metadata key %q in FingerprintMetadata", k)
+		}
+	}
+	return nil
+}
+
+func validMethodName(s string) bool {
+	if !strings.HasPrefix(s, "/") {
+		return false
+	}
+	svc, m, ok := strings.Cut(s[1:], "/")
+	return ok && svc != "" && m != "" && !strings.Contains(m, "/")
+}
+
+// validMetadataKey: lower-case letters, digits, '-', '_', '.', as gRPC
+// metadata keys are; binary ("-bin") keys are not keys of this kind.
+func validMetadataKey(s string) bool {
+	if s == "" || strings.HasSuffix(s, "-bin") || strings.HasPrefix(s, "grpc-") {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if !('a' <= c && c <= 'z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.') {
+			return false
+		}
+	}
+	return true
+}
+
+func configErr(format string, args ...any) error {
+	return fmt.Errorf("%w: grpcbridge: %s", inbox.ErrConfig, fmt.Sprintf(format, args...))
+}
+
+// method is a MethodConfig with its defaults applied.
+type method struct {
+	MethodConfig
+	maxKeyLen int
+}
+
+func newMethod(mc MethodConfig, c *Config) *method {
+	if mc.Store == nil {
+		mc.Store = DefaultStore
+	}
+	if mc.Key == KeyFromMessage && mc.Field == "" {
+		mc.Field = DefaultField
+	}
+	m := &method{MethodConfig: mc, maxKeyLen: 255}
+	if mc.KeyFormat == KeyAEP {
+		m.maxKeyLen = 36
+	}
+	if c.Principal != nil && mc.PrincipalKeys == PrincipalIsolated {
+		m.maxKeyLen = min(m.maxKeyLen, 255-principalSuffixLen)
+	}
+	return m
+}

@@ -1,0 +1,377 @@
+package grpcbridge
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"runtime/debug"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/justonce/justonce/inbox"
+)
+
+// Source is what the ledger records as the source of the calls the bridge
+// runs.
+const Source inbox.Source = "grpc"
+
+// Bridge gives unary gRPC methods idempotency keys on an inbox.Ledger.
+// Make one per ledger with New and install UnaryServerInterceptor. Safe
+// for concurrent use.
+type Bridge struct {
+	cfg          Config
+	log          *slog.Logger
+	methods      map[string]*method
+	metadataKey  string
+	firstSentKey string
+	replayHeader string
+}
+
+// New returns a Bridge for cfg, or an error matching inbox.ErrConfig.
+func New(cfg Config) (*Bridge, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	if cfg.RetryAfter == 0 {
+		cfg.RetryAfter = DefaultRetryAfter
+	}
+	if cfg.HandlerTimeout == 0 {
+		cfg.HandlerTimeout = DefaultHandlerTimeout
+	}
+	if cfg.ClockSkew == 0 {
+		cfg.ClockSkew = DefaultClockSkew
+	}
+	b := &Bridge{
+		cfg: cfg, log: cfg.Ledger.Logger(), methods: map[string]*method{},
+		metadataKey: or(cfg.MetadataKey, DefaultMetadataKey), firstSentKey: or(cfg.FirstSentKey, DefaultFirstSentKey),
+		replayHeader: or(cfg.ReplayHeader, DefaultReplayHeader),
+	}
+	for name, mc := range cfg.Methods {
+		if ttl := or(mc.TTL, cfg.Ledger.DefaultTTL()); !mc.Off && ttl <= 2*cfg.ClockSkew {
+			return nil, configErr("method %s: TTL %s must be over twice ClockSkew (%s)", name, ttl, cfg.ClockSkew)
+		}
+		b.methods[name] = newMethod(mc, &cfg)
+	}
+	return b, nil
+}
+
+func or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
+// lookup finds a method's policy: its exact name, else its service's.
+func (b *Bridge) lookup(full string) *method {
+	if m, ok := b.methods[full]; ok {
+		return m
+	}
+	if i := strings.LastIndexByte(full, '/'); i > 0 {
+		return b.methods[full[:i+1]+"*"]
+	}
+	return nil
+}
+
+// UnaryServerInterceptor returns the server interceptor:
+//
+//	srv := grpc.NewServer(grpc.ChainUnaryInterceptor(recovery, bridge.UnaryServerInterceptor()))
+//
+// Put it after authentication (Config.Tenant and Config.Principal read
+// what that put in the context) and inside a recovery interceptor: a
+// handler's panic rolls back and is re-raised.
+func (b *Bridge) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
+	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, handler grpc.UnaryHandler) (any, error) {
+		m := b.lookup(info.FullMethod)
+		if m == nil || m.Off {
+			return handler(ctx, req)
+		}
+		return b.serve(ctx, req, info.FullMethod, m, handler)
+	}
+}
+
+// Sentinels a TxFunc returns to roll back while the interceptor still
+// answers.
+var (
+	errNotStored = errors.New("grpcbridge: status not stored")
+	errPanicked  = errors.New("grpcbridge: handler panicked")
+	errEncode    = errors.New("grpcbridge: answer cannot be stored")
+)
+
+type panicked struct {
+	value any
+	stack []byte
+}
+
+func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, handler grpc.UnaryHandler) (any, error) {
+	var ck callKey
+	var present bool
+	var err error
+	if m.Key == KeyFromMessage {
+		ck, present, err = keyFromMessage(req, m)
+	} else {
+		ck, present, err = b.keyFromMetadata(ctx, m)
+	}
+	var kp *keyProblem
+	var nf errNoField
+	switch {
+	case errors.As(err, &kp):
+		b.log.Debug("justonce/grpcbridge: invalid key", "method", full, "reason", kp.msg)
+		return nil, invalidKey(kp)
+	case errors.As(err, &nf):
+		b.log.Error("justonce/grpcbridge: method misconfigured", "method", full, "err", err)
+		return nil, status.Error(codes.Internal, "the server cannot read this method's idempotency key")
+	case !present && m.Required:
+		field := b.metadataKey + " metadata"
+		if m.Key == KeyFromMessage {
+			field = m.Field + ".key"
+		}
+		return nil, invalidKey(&keyProblem{reasonMissing, field,
+			"this method requires an idempotency key (" + field + "), unique per operation"})
+	case !present:
+		return b.serveKeyless(ctx, req, full, m, handler)
+	}
+	if ck.firstSent.IsZero() && m.RequireFirstSent {
+		return nil, invalidKey(&keyProblem{reasonFSMissing, ck.fsField, "this method requires first_sent (" + ck.fsField + ") with the key"})
+	}
+	ttl := or(m.TTL, b.cfg.Ledger.DefaultTTL())
+	if !ck.firstSent.IsZero() {
+		if p := checkFirstSent(ck.firstSent, time.Now(), ttl, b.cfg.ClockSkew, ck.fsField); p != nil {
+			b.log.Debug("justonce/grpcbridge: first_sent refused", "method", full, "reason", p.msg)
+			return nil, invalidKey(p)
+		}
+	}
+
+	md, _ := metadata.FromIncomingContext(ctx)
+	fp, err := fingerprint(full, req, m, md)
+	if err != nil {
+		b.log.Error("justonce/grpcbridge: fingerprint", "method", full, "err", err)
+		return nil, status.Error(codes.Internal, "the request cannot be fingerprinted")
+	}
+	r := inbox.Request{
+		Key:         inbox.Key{Scope: m.Scope, ID: ck.key},
+		Fingerprint: fp,
+		Source:      Source,
+		TTL:         m.TTL,
+		LockWait:    m.LockWait,
+	}
+	if b.cfg.Tenant != nil {
+		r.Tenant = b.cfg.Tenant(ctx)
+	}
+	if b.cfg.Principal != nil {
+		r.Principal = b.cfg.Principal(ctx)
+	}
+	if m.PrincipalKeys == PrincipalIsolated && r.Principal != "" {
+		r.ID = PrincipalKeyID(ck.key, r.Principal)
+	}
+	if err := b.cfg.Ledger.Validate(r); err != nil {
+		var ke *inbox.KeyError
+		if errors.As(err, &ke) && ke.Field == "event_id" {
+			return nil, invalidKey(&keyProblem{reasonInvalid, ck.keyField, "the key is rejected by the ledger: " + ke.Reason})
+		}
+		b.log.Error("justonce/grpcbridge: key rejected by the ledger", "key", r.Key.String(), "err", err)
+		return nil, status.Error(codes.Internal, "the call's key is rejected by the ledger")
+	}
+
+	// The work a client started is finished and recorded even if the
+	// client goes away or its deadline passes: its retry gets the replay.
+	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.HandlerTimeout)
+	defer cancel()
+	hctx = context.WithValue(hctx, keyKey, ck.key)
+	bs := &bufferedStream{method: full}
+	hctx = grpc.NewContextWithServerTransportStream(hctx, bs)
+
+	var resp any
+	var herr error
+	var pv *panicked
+	out, err := b.cfg.Ledger.Do(hctx, r, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+		resp, herr, pv = run(context.WithValue(ctx, txKey, tx), req, handler)
+		switch {
+		case pv != nil:
+			return inbox.Result{}, errPanicked
+		case !m.Store(status.Code(herr)):
+			return inbox.Result{}, errNotStored
+		}
+		hdr, trl := bs.metadata()
+		res, err := encodeResult(resp, herr, hdr, trl, ck.firstSent)
+		if err != nil {
+			return inbox.Result{}, fmt.Errorf("%w: %w", errEncode, err)
+		}
+		return res, nil
+	})
+	switch {
+	case pv != nil:
+		b.log.Error("justonce/grpcbridge: handler panicked; rolled back, key released",
+			"key", r.Key.String(), "panic", fmt.Sprint(pv.value), "stack", string(pv.stack))
+		panic(pv.value)
+	case errors.Is(err, errNotStored):
+		b.log.Debug("justonce/grpcbridge: status not stored, rolled back", "key", r.Key.String(), "code", status.Code(herr).String())
+		b.flush(ctx, bs)
+		return resp, herr
+	case errors.Is(err, errEncode):
+		b.log.Error("justonce/grpcbridge: answer not storable; rolled back", "key", r.Key.String(), "err", err)
+		return nil, status.Error(codes.Internal, "the answer cannot be stored; nothing was done")
+	case err != nil:
+		return nil, b.failure(r, err)
+	case out.Disposition == inbox.Executed:
+		b.flush(ctx, bs)
+		return resp, herr
+	}
+	return b.answer(ctx, r, ck, out)
+}
+
+// run calls the handler and catches its panic.
+func run(ctx context.Context, req any, handler grpc.UnaryHandler) (resp any, err error, p *panicked) {
+	defer func() {
+		if v := recover(); v != nil {
+			p = &panicked{value: v, stack: debug.Stack()}
+		}
+	}()
+	resp, err = handler(ctx, req)
+	return resp, err, nil
+}
+
+// flush sends the metadata the handler set, now that the outcome is known.
+func (b *Bridge) flush(ctx context.Context, bs *bufferedStream) {
+	hdr, trl := bs.metadata()
+	if len(hdr) > 0 {
+		_ = grpc.SetHeader(ctx, hdr)
+	}
+	if len(trl) > 0 {
+		_ = grpc.SetTrailer(ctx, trl)
+	}
+}
+
+// answer handles an Outcome whose handler did not run now.
+func (b *Bridge) answer(ctx context.Context, r inbox.Request, ck callKey, out inbox.Outcome) (any, error) {
+	rec := out.Record
+	source := ""
+	if rec != nil {
+		source = string(rec.Source)
+	}
+	switch out.Disposition {
+	case inbox.InFlight:
+		b.log.Debug("justonce/grpcbridge: in flight", "key", r.Key.String())
+		return nil, b.retryable(codes.Aborted, reasonInProgress,
+			"a call with this key is being processed; retry after the RetryInfo delay with the same key")
+	case inbox.Mismatch:
+		if rec != nil && rec.Source != Source {
+			// Another front ran the key; its fingerprint is of another kind.
+			return b.elsewhere(ctx, r, source)
+		}
+		b.log.Info("justonce/grpcbridge: key reused with another request", "key", r.Key.String())
+		return nil, withDetails(codes.InvalidArgument,
+			"this key was used with a different request (method, message or metadata); use a new key for a new request",
+			errorInfo(reasonReused, nil), badRequest(ck.keyField, "reused with a different request"))
+	case inbox.Duplicate:
+		if rec != nil && rec.Status == inbox.StatusFailed {
+			_ = grpc.SetHeader(ctx, metadata.Pairs(b.replayHeader, "true"))
+			return nil, withDetails(codes.FailedPrecondition,
+				fmt.Sprintf("the operation for this key failed for good (recorded by %s) and will not run again under this key; send a new key", sourceName(source)),
+				errorInfo(reasonFailed, map[string]string{"source": source}))
+		}
+		a, ok := decodeResult(out.Result)
+		if !ok {
+			return b.elsewhere(ctx, r, source)
+		}
+		if !a.firstSent.IsZero() && !ck.firstSent.IsZero() && !a.firstSent.Equal(ck.firstSent) {
+			return nil, invalidKey(&keyProblem{reasonChanged, ck.fsField, fmt.Sprintf(
+				"first_sent %s differs from the %s this key was first sent with",
+				ck.firstSent.Format(time.RFC3339Nano), a.firstSent.Format(time.RFC3339Nano))})
+		}
+		hdr := a.header.Copy()
+		hdr.Set(b.replayHeader, "true")
+		_ = grpc.SetHeader(ctx, hdr)
+		if len(a.trailer) > 0 {
+			_ = grpc.SetTrailer(ctx, a.trailer)
+		}
+		b.log.Debug("justonce/grpcbridge: replay", "key", r.Key.String(), "code", a.code.String(), "cached", out.Cached)
+		return a.answer()
+	}
+	b.log.Error("justonce/grpcbridge: unexpected ledger outcome", "key", r.Key.String(), "disposition", out.Disposition.String())
+	return nil, status.Error(codes.Internal, "unexpected ledger outcome")
+}
+
+// elsewhere answers a key another front (a consumer, the HTTP bridge) ran:
+// it does not run again, and there is no gRPC response to replay.
+func (b *Bridge) elsewhere(ctx context.Context, r inbox.Request, source string) (any, error) {
+	b.log.Debug("justonce/grpcbridge: key processed by another path", "key", r.Key.String(), "source", source)
+	_ = grpc.SetHeader(ctx, metadata.Pairs(b.replayHeader, "true"))
+	return nil, withDetails(codes.AlreadyExists,
+		fmt.Sprintf("the operation for this key was already processed by %s; it does not run again", sourceName(source)),
+		errorInfo(reasonElsewhere, map[string]string{"source": source}))
+}
+
+func sourceName(s string) string {
+	if s == "" {
+		return "an earlier attempt"
+	}
+	return "the " + s + " path"
+}
+
+// failure answers a ledger or database error, or a handler's transaction
+// that did not commit.
+func (b *Bridge) failure(r inbox.Request, err error) error {
+	if inbox.IsTransient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
+		b.log.Warn("justonce/grpcbridge: store unavailable", "key", r.Key.String(), "err", err)
+		return b.retryable(codes.Unavailable, reasonStoreDown,
+			"the idempotency store is unavailable; retry with the same key (it runs again only if it was not recorded)")
+	}
+	var se *inbox.StoreError
+	if errors.Is(err, inbox.ErrRolledBack) || errors.Is(err, pgx.ErrTxCommitRollback) || (errors.As(err, &se) && se.Op == "commit") {
+		b.log.Error("justonce/grpcbridge: the handler's transaction did not commit; nothing stored, key released", "key", r.Key.String(), "err", err)
+		return withDetails(codes.Internal,
+			"the handler's transaction did not commit; nothing was done or stored, and a retry with the same key runs the operation again",
+			errorInfo(reasonNotCommit, nil))
+	}
+	b.log.Error("justonce/grpcbridge: call failed", "key", r.Key.String(), "err", err)
+	return status.Error(codes.Internal, "the call failed; nothing was stored")
+}
+
+// keylessTx is a plain transaction handed to the handler of a call without
+// a key; like the ledger's, it is the interceptor's to end.
+type keylessTx struct{ pgx.Tx }
+
+func (keylessTx) Commit(context.Context) error   { return inbox.ErrTxOwned }
+func (keylessTx) Rollback(context.Context) error { return inbox.ErrTxOwned }
+
+// serveKeyless runs a call without a key on an optional method: no dedupe,
+// but in a transaction, so that the handler has one code path.
+func (b *Bridge) serveKeyless(ctx context.Context, req any, full string, m *method, handler grpc.UnaryHandler) (any, error) {
+	r := inbox.Request{Key: inbox.Key{Scope: m.Scope}}
+	tx, err := b.cfg.Ledger.Pool().Begin(ctx)
+	if err != nil {
+		return nil, b.failure(r, &inbox.StoreError{Op: "begin", Err: err})
+	}
+	rollback := func() {
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+		_ = tx.Rollback(rctx)
+		cancel()
+	}
+	bs := &bufferedStream{method: full}
+	hctx := grpc.NewContextWithServerTransportStream(context.WithValue(ctx, txKey, pgx.Tx(keylessTx{tx})), bs)
+	resp, herr, pv := run(hctx, req, handler)
+	switch {
+	case pv != nil:
+		rollback()
+		b.log.Error("justonce/grpcbridge: handler panicked; rolled back", "method", full, "panic", fmt.Sprint(pv.value))
+		panic(pv.value)
+	case !m.Store(status.Code(herr)):
+		rollback()
+	default:
+		if err := tx.Commit(ctx); err != nil {
+			rollback()
+			return nil, b.failure(r, &inbox.StoreError{Op: "commit", Err: err})
+		}
+	}
+	b.flush(ctx, bs)
+	return resp, herr
+}
