@@ -110,7 +110,7 @@ func TestHandlerFailuresAreCountedAndDeadLettered(t *testing.T) {
 
 			// To the end: dead-lettered after MaxAttempts and recorded failed.
 			m = msg("h2")
-			d = p.ProcessWithRetry(ctx, m)
+			d = p.ProcessWithRetry(ctx, m, nil)
 			require.Equal(t, consumer.Ack, d.Action, "ended, not stopped by the test's deadline: %v", d.Err)
 			require.True(t, d.DeadLettered)
 			h.check(t, d.Err)
@@ -165,7 +165,7 @@ func TestTransientAfterHandlerIsBounded(t *testing.T) {
 			requireCode(t, first.Err, tc.code)
 
 			m := msg("t1")
-			d := p.ProcessWithRetry(ctx, m)
+			d := p.ProcessWithRetry(ctx, m, nil)
 			require.Equal(t, consumer.Ack, d.Action, "ended, not stopped by the test's deadline: %v", d.Err)
 			require.True(t, d.DeadLettered)
 			requireCode(t, d.Err, tc.code)
@@ -304,13 +304,12 @@ func TestOutageBacksOffAndLogsOncePerEpisode(t *testing.T) {
 	pool, err := pgxpool.NewWithConfig(context.Background(), pcfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close)
-	l, err := inbox.New(pool, inbox.Config{})
+	logs := &recorder{}
+	l, err := inbox.New(pool, inbox.Config{Logger: slog.New(logs)})
 	require.NoError(t, err)
 
-	logs := &recorder{}
 	cfg := f.cfg()
 	cfg.Ledger = l
-	cfg.Logger = slog.New(logs)
 	sb := consumer.Backoff{Initial: 10 * time.Millisecond, Max: 80 * time.Millisecond, Multiplier: 2}
 	cfg.StoreBackoff = sb
 	var calls atomic.Int64

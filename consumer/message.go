@@ -1,54 +1,3 @@
-// Package consumer is the transport-neutral runtime that makes an event
-// handler run once per event ID: ID extraction, the ledger transaction,
-// retry with backoff, dead-lettering, batching and the decision to ack.
-//
-// Transports (kafkainbox, natsinbox) turn their messages into a
-// *Message, call Processor.Process (or ProcessBatch), and ack, retry or stop
-// as the Decision says. Any other transport (RabbitMQ, SQS) is wrapped the
-// same way:
-//
-//	p, _ := consumer.New(consumer.Config{Ledger: ledger, Scope: "billing"},
-//		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-//			_, err := tx.Exec(ctx, `INSERT INTO invoices ...`)
-//			return err
-//		})
-//	d := p.Process(ctx, msg) // one attempt
-//	switch d.Action { case consumer.Ack: ...; case consumer.Retry: ... }
-//
-// # Attempts
-//
-// Message.Attempt counts the handler's failures: an error or panic, a data
-// or constraint error (SQLSTATE classes 22 and 23, also a deferred
-// constraint failing at COMMIT), a transaction the handler left aborted by
-// ignoring a failed statement (inbox.ErrRolledBack). Such a failure is
-// retried with Config.Backoff and, after Config.MaxAttempts, dead-lettered,
-// recorded failed in the ledger and acked: nothing is acked without its
-// effect, and nothing is retried forever.
-//
-// Transient failures (inbox.IsTransient: the database unreachable, the
-// connection lost mid-handler or at COMMIT, a serialization failure or
-// deadlock) are retried without counting. When the handler had run in that
-// attempt, Message.Uncounted goes up by one, and past
-// Config.MaxUncounted each further such failure counts, so that a handler
-// that always breaks its own connection is dead-lettered in the end. When
-// the handler never ran (the database could not be reached at all) the
-// retry never counts, however long the outage: an outage dead-letters
-// nothing.
-//
-// # Outages
-//
-// While the database is unreachable, retries wait Config.StoreBackoff,
-// whose delay grows with each failed attempt of the outage, across all the
-// processor's messages, and starts again from its initial value once the
-// database answers. The outage is logged once when it starts (a warning)
-// and once when it ends (info, with its duration and number of failed
-// attempts), not once per retry.
-//
-// # Cancellation
-//
-// When the context ends, the Decision is Stop with the context's error:
-// the message is neither acked nor retried here and comes again after a
-// restart or rebalance. Work that committed before is acked.
 package consumer
 
 import (
@@ -60,25 +9,34 @@ import (
 	"time"
 )
 
-// Header is one message header. Kafka headers may repeat a key; order is
-// kept.
+// Header is one message header. A key may repeat (Kafka headers do);
+// order is kept.
 type Header struct {
 	Key   string
 	Value []byte
 }
 
-// Message is a delivered event, whatever the transport.
+// Message is a delivered event, whatever the broker. Topic, Partition,
+// Offset and Key say where the event sits in the broker's log, in the
+// terms every log-based broker shares; a broker without one of them leaves
+// it zero.
 type Message struct {
 	// ID is the event ID; filled by Process from the Config's IDFunc when
 	// empty.
 	ID string
-	// Key is the Kafka message key (nil elsewhere).
+	// Key is the key the broker orders and shards by (a Kafka message key,
+	// a Kinesis partition key); nil where the broker has none (NATS).
 	Key []byte
-	// Topic is the Kafka topic or the NATS subject.
+	// Topic is where the message was published: a Kafka topic, a NATS
+	// subject.
 	Topic string
-	// Partition is the Kafka partition (0 elsewhere).
+	// Partition is the ordering shard within Topic: messages of one
+	// partition are in order (a Kafka partition, a Kinesis shard); 0 where
+	// the broker has a single order per topic (a JetStream stream).
 	Partition int
-	// Offset is the Kafka offset or the JetStream stream sequence.
+	// Offset is the message's position within its partition (a Kafka
+	// offset, a JetStream stream sequence); 0 where the broker has none
+	// (core NATS).
 	Offset int64
 	// Headers in delivery order.
 	Headers []Header
@@ -97,7 +55,8 @@ type Message struct {
 	// was lost mid-handler). The runtime bounds it, so that no message is
 	// retried forever uncounted; transports keep it with Attempt.
 	Uncounted int
-	// Raw is the transport's own message (kafka.Message, jetstream.Msg).
+	// Raw is the broker client's own message (kafka.Message,
+	// jetstream.Msg, *nats.Msg).
 	Raw any
 }
 
@@ -112,9 +71,16 @@ func (m *Message) Header(key string) ([]byte, bool) {
 	return nil, false
 }
 
-// ErrNoID: no event ID could be extracted. Such a message is dead-lettered
-// (or, with Config.AllowNoID, run without dedupe); it is never dropped.
-var ErrNoID = errors.New("justonce/consumer: message has no event ID")
+// Errors.
+var (
+	// ErrNoID: no event ID could be extracted. Such a message is
+	// dead-lettered (or, with Config.AllowNoID, run without dedupe); it is
+	// never dropped.
+	ErrNoID = errors.New("justonce/consumer: message has no event ID")
+	// ErrRunOnce is what a front's Run returns when it is called again: a
+	// Consumer runs once; create another to consume again.
+	ErrRunOnce = errors.New("justonce/consumer: Run may be called once")
+)
 
 // IDFunc extracts the event ID from a message.
 type IDFunc func(*Message) (string, error)

@@ -25,11 +25,6 @@ type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 // Middleware wraps a Handler (tracing, logging, timeouts), Watermill-style.
 type Middleware func(Handler) Handler
 
-// DeadLetterFunc publishes a message that failed for good (to a Kafka topic,
-// a NATS subject, a table), with the cause and attempt count. If it returns
-// an error the message is not acked and will come again: nothing is lost.
-type DeadLetterFunc func(ctx context.Context, m *Message, cause error) error
-
 // Hooks are told what the runtime does, for metrics and logs. Any may be nil.
 type Hooks struct {
 	// OnOutcome: the ledger answered (Executed, Duplicate, InFlight, Mismatch).
@@ -117,23 +112,27 @@ type Config struct {
 	// Retryable decides whether a handler error is worth retrying. Default:
 	// every error except those wrapped with Permanent.
 	Retryable func(error) bool
-	// DeadLetter publishes a message that failed for good. Nil: the failure
-	// is only recorded in the ledger (status failed) and logged.
-	DeadLetter DeadLetterFunc
+	// DeadLetter publishes a message that failed for good (to a topic, a
+	// subject, a table), with the cause; m.Attempt is the attempts made.
+	// Until it returns nil the publish is retried, with StoreBackoff, and
+	// the message is not acked: nothing is lost. Each front sets its own
+	// (a dead-letter topic or subject). Nil: the failure is only recorded
+	// in the ledger (status failed) and logged.
+	DeadLetter func(ctx context.Context, m *Message, cause error) error
 	// Middleware wraps the handler, outermost first.
 	Middleware []Middleware
 	// Hooks observe the runtime.
 	Hooks Hooks
-	// Logger; nil is silent. Event IDs are masked. An outage of the
-	// database logs one warning when it starts and one info line when it
-	// ends, not one line per retry.
-	Logger *slog.Logger
 }
 
-// Processor runs one handler over messages with exactly-once effects.
+// Processor runs one handler over messages with exactly-once effects. It
+// logs through the ledger's logger (inbox.Config.Logger), with event IDs
+// masked; an outage of the database logs one warning when it starts and
+// one info line when it ends, not one line per retry.
 type Processor struct {
 	cfg Config
 	h   Handler
+	log *slog.Logger
 	out outage
 }
 
@@ -171,13 +170,14 @@ func New(cfg Config, h Handler) (*Processor, error) {
 	if cfg.Retryable == nil {
 		cfg.Retryable = func(err error) bool { return !IsPermanent(err) }
 	}
-	if cfg.Logger == nil {
-		cfg.Logger = slog.New(slog.DiscardHandler)
-	}
 	for i := len(cfg.Middleware) - 1; i >= 0; i-- {
 		h = cfg.Middleware[i](h)
 	}
-	return &Processor{cfg: cfg, h: h}, nil
+	log := cfg.Ledger.Logger()
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Processor{cfg: cfg, h: h, log: log}, nil
 }
 
 // Config returns the processor's configuration, with defaults applied.
@@ -220,7 +220,7 @@ type Decision struct {
 	// Counted: the attempt counts toward MaxAttempts (the handler failed);
 	// false for retries caused by the database or an in-flight duplicate.
 	// The caller adds one to Message.Attempt before the next attempt
-	// (ProcessWithRetry does).
+	// (Retry does).
 	Counted bool
 	// HandlerRan: the handler was called in this attempt. A retry that does
 	// not count although the handler ran added one to Message.Uncounted.
@@ -228,6 +228,8 @@ type Decision struct {
 	// Err is why the attempt did not succeed (Retry, DeadLettered, Stop).
 	// For Stop it matches the context's error with errors.Is.
 	Err error
+
+	at time.Time // when a Retry was decided: its Delay counts from here
 }
 
 // permanentError marks an error not worth retrying.
@@ -394,7 +396,7 @@ func (p *Processor) transient(ctx context.Context, m *Message, err error, ran bo
 			return d
 		}
 	}
-	p.cfg.Logger.Debug("justonce consumer: retrying without counting an attempt", "id", inbox.Mask(m.ID), "delay", delay, "err", err)
+	p.log.Debug("justonce consumer: retrying without counting an attempt", "id", inbox.Mask(m.ID), "delay", delay, "err", err)
 	return p.retry(m, Decision{Delay: delay, Err: err, HandlerRan: ran})
 }
 
@@ -440,7 +442,7 @@ func (p *Processor) unavailable(err error) time.Duration {
 	}
 	p.out.mu.Unlock()
 	if n == 1 {
-		p.cfg.Logger.Warn("justonce consumer: database unavailable; retrying with backoff until it answers",
+		p.log.Warn("justonce consumer: database unavailable; retrying with backoff until it answers",
 			"scope", p.cfg.Scope, "err", err)
 	}
 	return p.cfg.StoreBackoff.Delay(n)
@@ -453,7 +455,7 @@ func (p *Processor) available() {
 	p.out.fails = 0
 	p.out.mu.Unlock()
 	if n > 0 {
-		p.cfg.Logger.Info("justonce consumer: database available again",
+		p.log.Info("justonce consumer: database available again",
 			"scope", p.cfg.Scope, "down_for", time.Since(since).Round(time.Millisecond), "failed_attempts", n)
 	}
 }
@@ -462,6 +464,7 @@ var errInFlight = errors.New("justonce/consumer: event in flight elsewhere")
 
 func (p *Processor) retry(m *Message, d Decision) Decision {
 	d.Action = Retry
+	d.at = time.Now()
 	if p.cfg.Hooks.OnRetry != nil {
 		p.cfg.Hooks.OnRetry(m, d.Err)
 	}
@@ -486,7 +489,7 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, key
 			return Decision{Action: Stop, Err: fmt.Errorf("dead letter: %w (cause: %w)", err, cause)}
 		}
 	} else {
-		p.cfg.Logger.Error("justonce consumer: message failed for good", "id", inbox.Mask(m.ID), "topic", m.Topic, "attempts", m.Attempt, "err", cause)
+		p.log.Error("justonce consumer: message failed for good", "id", inbox.Mask(m.ID), "topic", m.Topic, "attempts", m.Attempt, "err", cause)
 	}
 	if keyed {
 		err := p.untilDone(ctx, m, "recording a failure", func() error {
@@ -494,13 +497,13 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, key
 			if errors.Is(err, inbox.ErrCacheStale) {
 				// Recorded; only the Redis cache may answer stale until
 				// its entry expires. Nothing to retry.
-				p.cfg.Logger.Warn("justonce consumer: failure recorded, Redis cache not invalidated", "id", inbox.Mask(m.ID), "err", err)
+				p.log.Warn("justonce consumer: failure recorded, Redis cache not invalidated", "id", inbox.Mask(m.ID), "err", err)
 				return nil
 			}
 			if err != nil && !inbox.IsTransient(err) {
 				// Published but not recordable: a redelivery is
 				// dead-lettered again (dead letters are at-least-once).
-				p.cfg.Logger.Error("justonce consumer: dead-lettered but not recorded failed", "id", inbox.Mask(m.ID), "err", err)
+				p.log.Error("justonce consumer: dead-lettered but not recorded failed", "id", inbox.Mask(m.ID), "err", err)
 				return nil
 			}
 			return err
@@ -524,7 +527,7 @@ func (p *Processor) untilDone(ctx context.Context, m *Message, what string, step
 		err := step()
 		if err == nil {
 			if n > 1 {
-				p.cfg.Logger.Info("justonce consumer: "+what+" succeeded after retries", "id", inbox.Mask(m.ID), "tries", n)
+				p.log.Info("justonce consumer: "+what+" succeeded after retries", "id", inbox.Mask(m.ID), "tries", n)
 			}
 			return nil
 		}
@@ -532,17 +535,13 @@ func (p *Processor) untilDone(ctx context.Context, m *Message, what string, step
 			return err
 		}
 		if n == 1 {
-			p.cfg.Logger.Warn("justonce consumer: "+what+" failed, retrying", "id", inbox.Mask(m.ID), "err", err)
+			p.log.Warn("justonce consumer: "+what+" failed, retrying", "id", inbox.Mask(m.ID), "err", err)
 		}
 		if p.cfg.Hooks.OnRetry != nil {
 			p.cfg.Hooks.OnRetry(m, err)
 		}
-		t := time.NewTimer(p.cfg.StoreBackoff.Delay(n))
-		select {
-		case <-ctx.Done():
-			t.Stop()
+		if Sleep(ctx, p.cfg.StoreBackoff.Delay(n)) != nil {
 			return err
-		case <-t.C:
 		}
 	}
 }
@@ -566,28 +565,56 @@ func (p *Processor) runUndeduped(ctx context.Context, m *Message) Decision {
 	return p.decide(ctx, m, inbox.Outcome{Disposition: inbox.Executed}, err, 0, ran)
 }
 
-// ProcessWithRetry processes m until it is done: it retries in place,
-// waiting each Decision's delay, and returns the final Decision, Ack or
-// Stop. It adds one to m.Attempt after each counted failure only; retries
-// that do not count (the database unreachable, a race lost, a key in
-// flight elsewhere) leave it alone, and those after the handler ran are
-// bounded by Config.MaxUncounted. Transports that retry in place (a Kafka
-// partition, which must keep its order) use it.
-func (p *Processor) ProcessWithRetry(ctx context.Context, m *Message) Decision {
-	for {
-		d := p.Process(ctx, m)
-		if d.Action != Retry {
-			return d
-		}
+// ProcessWithRetry processes m until it is done: it makes an attempt
+// (Process) and carries on with Retry. It returns the final Decision, Ack
+// or Stop.
+func (p *Processor) ProcessWithRetry(ctx context.Context, m *Message, wait func(ctx context.Context, d time.Duration) error) Decision {
+	return p.Retry(ctx, m, p.Process(ctx, m), wait)
+}
+
+// Retry carries on after d, a Decision that Process or ProcessBatch made
+// for m: while the Decision is Retry it adds one to m.Attempt if the
+// failure counted (Decision.Counted), waits the Decision's delay (counted
+// from when it was made) and makes another attempt on ctx. It returns the
+// final Decision, Ack or Stop. Retries that do not count (the database
+// unreachable, a race lost, a key in flight elsewhere) leave m.Attempt
+// alone; those after the handler ran are bounded by Config.MaxUncounted.
+//
+// This is the one retry loop of every front. wait is how it waits between
+// attempts; nil sleeps on ctx (Sleep). A front passes its own to do
+// something while a message waits (give a worker slot back, keep the
+// message in progress) or to stop waiting when it shuts down without
+// cancelling ctx, which an attempt already running still uses. When wait
+// returns an error, Retry returns Stop with that error (wrap the context's
+// error in it): the message is neither acked nor retried here.
+func (p *Processor) Retry(ctx context.Context, m *Message, d Decision, wait func(ctx context.Context, d time.Duration) error) Decision {
+	if wait == nil {
+		wait = Sleep
+	}
+	for d.Action == Retry {
 		if d.Counted {
 			m.Attempt++
 		}
-		t := time.NewTimer(d.Delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return Decision{Action: Stop, Err: ctx.Err()}
-		case <-t.C:
+		if err := wait(ctx, d.Delay-time.Since(d.at)); err != nil {
+			return Decision{Action: Stop, Err: fmt.Errorf("%w (last attempt: %w)", err, d.Err)}
 		}
+		d = p.Process(ctx, m)
+	}
+	return d
+}
+
+// Sleep waits d, or until ctx ends: then it returns ctx's error. It is
+// Retry's wait when none is given.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
 }

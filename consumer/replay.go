@@ -196,7 +196,7 @@ func (p *Processor) Replay(ctx context.Context, src ReplaySource, opts ReplayOpt
 			continue
 		}
 		noID := m.ID == ""
-		d := p.ProcessWithRetry(ctx, m)
+		d := p.ProcessWithRetry(ctx, m, nil)
 		if d.Action == Stop {
 			return t.report(), ctx.Err()
 		}
@@ -219,21 +219,4 @@ func (p *Processor) Replay(ctx context.Context, src ReplaySource, opts ReplayOpt
 		return t.report(), err
 	}
 	return t.report(), nil
-}
-
-// SliceSource replays a fixed list of messages (tests, or messages a
-// transport collected).
-type SliceSource []*Message
-
-// Next returns the next message or io.EOF.
-func (s *SliceSource) Next(ctx context.Context) (*Message, error) {
-	if err := ctx.Err(); err != nil {
-		return nil, err
-	}
-	if len(*s) == 0 {
-		return nil, io.EOF
-	}
-	m := (*s)[0]
-	*s = (*s)[1:]
-	return m, nil
 }

@@ -3,6 +3,7 @@ package consumer_test
 import (
 	"context"
 	"fmt"
+	"io"
 	"testing"
 
 	"github.com/stretchr/testify/require"
@@ -26,8 +27,8 @@ func TestReplayRunsOnlyTheMissing(t *testing.T) {
 	for _, m := range all[:60] {
 		require.Equal(t, consumer.Ack, p.Process(ctx, m).Action)
 	}
-	fresh := func() *consumer.SliceSource {
-		s := consumer.SliceSource{}
+	fresh := func() *sliceSource {
+		s := sliceSource{}
 		for _, m := range all {
 			c := *m
 			c.ID = ""
@@ -63,4 +64,20 @@ func TestReplayRunsOnlyTheMissing(t *testing.T) {
 	require.NoError(t, err)
 	require.EqualValues(t, 100, rep.Total.Skipped)
 	require.Zero(t, rep.Total.Ran)
+}
+
+// sliceSource replays a fixed list of messages.
+type sliceSource []*consumer.Message
+
+// Next returns the next message or io.EOF.
+func (s *sliceSource) Next(ctx context.Context) (*consumer.Message, error) {
+	if err := ctx.Err(); err != nil {
+		return nil, err
+	}
+	if len(*s) == 0 {
+		return nil, io.EOF
+	}
+	m := (*s)[0]
+	*s = (*s)[1:]
+	return m, nil
 }

@@ -85,5 +85,5 @@ func TestConfig(t *testing.T) {
 
 	// Run once.
 	require.NoError(t, c.Run(ctx))
-	require.ErrorIs(t, c.Run(ctx), kafkainbox.ErrRunOnce)
+	require.ErrorIs(t, c.Run(ctx), consumer.ErrRunOnce)
 }

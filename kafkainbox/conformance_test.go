@@ -38,7 +38,7 @@ func (h *harness) Start(t *testing.T, topic, group string, opts consumertest.Opt
 		Topic:     topic,
 		GroupID:   group,
 		Processor: opts.Config,
-		BatchSize: opts.Batch,
+		BatchSize: opts.BatchSize,
 	}, opts.Handler)
 }
 

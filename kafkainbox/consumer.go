@@ -14,10 +14,6 @@ import (
 	"github.com/justonce/justonce/consumer"
 )
 
-// ErrRunOnce: Run was called on a Consumer that has already run. Create a
-// new Consumer to consume again.
-var ErrRunOnce = errors.New("justonce/kafkainbox: Run may be called once")
-
 // Consumer is one member of a Kafka consumer group whose handler runs once
 // per event ID. Create it with New and start it with Run.
 type Consumer struct {
@@ -59,7 +55,7 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	}
 	c.proc = p
 	c.cfg.Processor = p.Config()
-	c.log = c.cfg.Processor.Logger
+	c.log = cfg.Processor.Ledger.Logger()
 	return c, nil
 }
 
@@ -84,7 +80,7 @@ func (c *Consumer) deadLetterWriter() (w *kafka.Writer, owned bool) {
 
 // deadLetterTo publishes to the dead-letter topic through w, with the
 // dead-letter headers, and waits for all in-sync replicas to have it.
-func (c *Consumer) deadLetterTo(w *kafka.Writer) consumer.DeadLetterFunc {
+func (c *Consumer) deadLetterTo(w *kafka.Writer) func(context.Context, *consumer.Message, error) error {
 	return func(ctx context.Context, m *consumer.Message, cause error) error {
 		return w.WriteMessages(ctx, kafka.Message{
 			Topic:   c.cfg.DeadLetterTopic,
@@ -121,18 +117,16 @@ func (c *Consumer) readerConfig() kafka.ReaderConfig {
 	return rc
 }
 
-// Run consumes until ctx is done, then shuts down gracefully: it stops
-// fetching, lets the messages being processed finish (handlers keep an
-// uncancelled context for up to Config.ShutdownTimeout; queued messages not
-// yet started are left for redelivery), commits the offsets of what is done,
-// and leaves the group. It returns nil after a graceful shutdown. Errors from
-// Kafka or Postgres while running are retried and logged, never returned:
-// messages wait, they are not skipped.
-//
-// Run may be called once per Consumer.
+// Run consumes until ctx is done, then shuts down as every front does (see
+// the consumer package, "Fronts"): it stops fetching, lets the attempts in
+// flight finish (up to Config.ShutdownTimeout; fetched messages not yet
+// started are left for redelivery), commits the offsets of what is done,
+// and leaves the group. It returns nil after such a stop; an error only
+// when the reader cannot be configured. A second call returns
+// consumer.ErrRunOnce.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
-		return ErrRunOnce
+		return consumer.ErrRunOnce
 	}
 	defer c.closeWriter()
 	rc := c.readerConfig()
@@ -165,16 +159,18 @@ func (c *Consumer) closeOwned(w *kafka.Writer) {
 // Each lane holds the messages that must run one after the other (one
 // partition, or one key bucket of a partition with ByKey) and is drained
 // by at most one goroutine, which runs them in order. An attempt takes one
-// of Config.Concurrency slots while it runs and gives it back before a
-// retry's backoff: a message waiting to be retried holds up its own lane
-// only, and the other lanes go on. The fetch loop stops fetching only when
-// Config.MaxBuffered messages are waiting in the lanes.
+// of Config.Concurrency slots while it runs and gives it back while the
+// runtime's retry loop waits (inSlot): a message waiting to be retried
+// holds up its own lane only, and the other lanes go on. The fetch loop
+// stops fetching only when Config.MaxBuffered messages are waiting in the
+// lanes.
 type session struct {
 	c        *Consumer
 	reader   *kafka.Reader
 	ctl      *controlChecker
 	tr       *tracker
-	stopping chan struct{} // closed when Run's context ends: no new attempts
+	stopping context.Context    // ends when Run's context ends: no new attempts
+	stop     context.CancelFunc // ends stopping
 	procCtx  context.Context
 	cancel   context.CancelFunc // cancels procCtx
 
@@ -206,12 +202,14 @@ func (c *Consumer) newSession(ctx context.Context, r *kafka.Reader, rc kafka.Rea
 	// Handlers run on a context that keeps ctx's values but not its
 	// cancellation, so that in-flight work finishes at shutdown.
 	procCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stopping, stop := context.WithCancel(context.WithoutCancel(ctx))
 	return &session{
 		c:        c,
 		reader:   r,
 		ctl:      newControlChecker(rc.Brokers, rc.Dialer),
 		tr:       newTracker(),
-		stopping: make(chan struct{}),
+		stopping: stopping,
+		stop:     stop,
 		procCtx:  procCtx,
 		cancel:   cancel,
 		buffered: make(chan struct{}, max(c.cfg.MaxBuffered, c.cfg.BatchSize)),
@@ -235,7 +233,7 @@ func (s *session) run(ctx context.Context) {
 
 	// Shutdown: no new attempts; wait for in-flight ones. The fetch loop
 	// has returned, so no lane starts after this.
-	close(s.stopping)
+	s.stop()
 	lanesDone := make(chan struct{})
 	go func() {
 		s.lanesWG.Wait()
@@ -282,7 +280,7 @@ func (s *session) fetch(ctx context.Context) {
 				s.c.log.Warn("justonce kafka: fetch failed, retrying", "topic", s.c.cfg.Topic, "err", err)
 				failing = true
 			}
-			if !sleepCtx(ctx, 500*time.Millisecond) {
+			if consumer.Sleep(ctx, 500*time.Millisecond) != nil {
 				return
 			}
 			continue
@@ -396,46 +394,60 @@ func (s *session) linger(l *lane, batch []*consumer.Message, size int) []*consum
 			s.mu.Unlock()
 		case <-t.C:
 			return batch
-		case <-s.stopping:
+		case <-s.stopping.Done():
 			return batch
 		}
 	}
 	return batch
 }
 
-func (s *session) stopped() bool {
-	select {
-	case <-s.stopping:
-		return true
-	default:
-		return false
-	}
-}
+func (s *session) stopped() bool { return s.stopping.Err() != nil }
 
-// attempt runs f in one of the Concurrency slots; false (f not run) when
-// the consumer is stopping.
-func (s *session) attempt(f func()) bool {
+// take takes one of the Concurrency slots; an error when the consumer is
+// stopping.
+func (s *session) take() error {
 	select {
 	case s.slots <- struct{}{}:
-	case <-s.stopping:
-		return false
+	case <-s.stopping.Done():
+		return context.Cause(s.stopping)
 	}
-	defer func() { <-s.slots }()
 	if s.stopped() {
-		return false
+		<-s.slots
+		return context.Cause(s.stopping)
 	}
-	f()
-	return true
+	return nil
 }
 
-// process makes one attempt at m in a slot; Stop when the consumer is
-// stopping.
-func (s *session) process(m *consumer.Message) consumer.Decision {
-	var d consumer.Decision
-	if !s.attempt(func() { d = s.c.proc.Process(s.procCtx, m) }) {
-		return consumer.Decision{Action: consumer.Stop, Err: context.Canceled}
+// inSlot runs f holding one of the Concurrency slots, and returns false
+// (f not run) when the consumer is stopping. f gets the wait to give the
+// runtime's retry loop (consumer.Processor.Retry): it gives the slot back
+// while the message waits for its next attempt, so that the other lanes go
+// on, takes one again before the attempt, and stops when the consumer
+// stops, without cancelling an attempt in progress (attempts run on
+// procCtx).
+func (s *session) inSlot(f func(wait func(context.Context, time.Duration) error)) bool {
+	if s.take() != nil {
+		return false
 	}
-	return d
+	held := true
+	defer func() {
+		if held {
+			<-s.slots
+		}
+	}()
+	f(func(_ context.Context, d time.Duration) error {
+		<-s.slots
+		held = false
+		if err := consumer.Sleep(s.stopping, d); err != nil {
+			return err
+		}
+		if err := s.take(); err != nil {
+			return err
+		}
+		held = true
+		return nil
+	})
+	return true
 }
 
 // handle runs one message to its end: done, dead-lettered, or stopped.
@@ -448,8 +460,9 @@ func (s *session) handle(m *consumer.Message) {
 		s.tr.done(topicPartition{m.Topic, m.Partition}, m.Offset)
 		return
 	}
-	d := s.process(m)
-	s.settle(m, s.retry(m, d, time.Now()))
+	s.inSlot(func(wait func(context.Context, time.Duration) error) {
+		s.settle(m, s.c.proc.ProcessWithRetry(s.procCtx, m, wait))
+	})
 }
 
 // handleBatch runs a batch in one transaction, then retries, in order, the
@@ -471,14 +484,12 @@ func (s *session) handleBatch(batch []*consumer.Message) {
 	if len(events) == 0 {
 		return
 	}
-	var ds []consumer.Decision
-	if !s.attempt(func() { ds = s.c.proc.ProcessBatch(s.procCtx, events) }) {
-		return
-	}
-	decided := time.Now()
-	for i, m := range events {
-		s.settle(m, s.retry(m, ds[i], decided))
-	}
+	s.inSlot(func(wait func(context.Context, time.Duration) error) {
+		ds := s.c.proc.ProcessBatch(s.procCtx, events)
+		for i, m := range events {
+			s.settle(m, s.c.proc.Retry(s.procCtx, m, ds[i], wait))
+		}
+	})
 }
 
 // marker reports whether m is a transaction marker, which is skipped: it
@@ -505,30 +516,10 @@ func (s *session) marker(m *consumer.Message) (marker, ok bool) {
 			s.c.log.Warn("justonce kafka: cannot tell whether a record is a transaction marker; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
 			failing = true
 		}
-		if !s.sleep(500 * time.Millisecond) {
+		if consumer.Sleep(s.stopping, 500*time.Millisecond) != nil {
 			return false, false
 		}
 	}
-}
-
-// retry repeats the attempts of a message that must be retried, waiting
-// each decision's delay (counted from when it was decided) without holding
-// a slot, until it is acked or the consumer is shutting down. Like
-// consumer.Processor.ProcessWithRetry, but a shutdown stops the waiting
-// without cancelling the attempt in progress, and the slot is free during
-// the wait.
-func (s *session) retry(m *consumer.Message, d consumer.Decision, decided time.Time) consumer.Decision {
-	for d.Action == consumer.Retry {
-		if d.Counted {
-			m.Attempt++
-		}
-		if !s.sleep(d.Delay - time.Since(decided)) {
-			return consumer.Decision{Action: consumer.Stop, Err: d.Err}
-		}
-		d = s.process(m)
-		decided = time.Now()
-	}
-	return d
 }
 
 // settle marks an acked message done for the commit watermark. A stopped
@@ -536,21 +527,6 @@ func (s *session) retry(m *consumer.Message, d consumer.Decision, decided time.T
 func (s *session) settle(m *consumer.Message, d consumer.Decision) {
 	if d.Action == consumer.Ack {
 		s.tr.done(topicPartition{m.Topic, m.Partition}, m.Offset)
-	}
-}
-
-// sleep waits d; false when the consumer is shutting down.
-func (s *session) sleep(d time.Duration) bool {
-	if d <= 0 {
-		return !s.stopped()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-s.stopping:
-		return false
 	}
 }
 
@@ -590,15 +566,4 @@ func (s *session) commit(ctx context.Context) {
 		return
 	}
 	s.tr.committed(offs)
-}
-
-func sleepCtx(ctx context.Context, d time.Duration) bool {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return true
-	case <-ctx.Done():
-		return false
-	}
 }

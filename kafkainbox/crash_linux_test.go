@@ -38,14 +38,16 @@ const (
 	helperGate    = "JUSTONCE_KAFKA_HELPER_GATE"
 )
 
-// TestMain runs this test binary as the consumer process that
-// TestKilledConsumerLosesAndDoublesNothing starts and kills, when the helper
-// environment is set; otherwise it runs the tests.
-func TestMain(m *testing.M) {
-	if os.Getenv(helperEnv) == "1" {
-		os.Exit(consumerProcess())
+// The test binary is the consumer process that
+// TestKilledConsumerLosesAndDoublesNothing starts and kills, when the
+// helper environment is set (see TestMain).
+func init() {
+	child = func() (int, bool) {
+		if os.Getenv(helperEnv) != "1" {
+			return 0, false
+		}
+		return consumerProcess(), true
 	}
-	os.Exit(m.Run())
 }
 
 // consumerProcess is a consumer with the package's default group timings.
@@ -68,7 +70,8 @@ func consumerProcess() int {
 		return fail(err)
 	}
 	defer pool.Close()
-	ledger, err := inbox.New(pool, inbox.Config{})
+	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
+	ledger, err := inbox.New(pool, inbox.Config{Logger: log})
 	if err != nil {
 		return fail(err)
 	}
@@ -80,12 +83,11 @@ func consumerProcess() int {
 	if err != nil {
 		return fail(err)
 	}
-	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	c, err := kafkainbox.New(kafkainbox.Config{
 		Brokers:     strings.Split(os.Getenv(helperBrokers), ","),
 		Topic:       os.Getenv(helperTopic),
 		GroupID:     os.Getenv(helperGroup),
-		Processor:   consumer.Config{Ledger: ledger, Logger: log},
+		Processor:   consumer.Config{Ledger: ledger},
 		Concurrency: 2,
 		BatchSize:   batch,
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

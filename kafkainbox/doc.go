@@ -30,8 +30,9 @@
 //     Config.CommitInterval and once more at shutdown, so a crash or a
 //     rebalance redelivers at most that much, and the ledger skips it.
 //   - Order is kept within a partition: a partition's messages run one after
-//     the other and a failing message is retried in place, with backoff,
-//     before the next one runs. Config.Concurrency and Config.Ordering allow
+//     the other and a failing message is retried in place, with backoff, by
+//     the runtime's retry loop (consumer.Processor.Retry) before the next
+//     one runs. Config.Concurrency and Config.Ordering allow
 //     parallelism across partitions or across keys; the commit watermark of
 //     each partition then waits for the slowest message below it.
 //   - One bad message holds up only what must wait for it: the messages
@@ -58,8 +59,10 @@
 //     message that needs a retry is retried after the rest of its batch
 //     ran, so in batch mode order holds for the messages that succeed at
 //     the first attempt.
-//   - Run stops fetching when its context ends, lets in-flight work finish
-//     (up to Config.ShutdownTimeout), commits, and leaves the group.
+//   - Run stops as every front does (see the consumer package, "Fronts"):
+//     it stops fetching when its context ends, lets in-flight work finish
+//     (up to Config.ShutdownTimeout), commits, leaves the group and returns
+//     nil.
 //
 // Replay: Consumer.Replay (or Replay with any consumer.Processor) re-reads
 // a topic from an offset or a time, up to where it stood when the replay

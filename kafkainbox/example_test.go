@@ -5,7 +5,9 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"fmt"
+	"log"
 	"net"
+	"os"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -17,7 +19,6 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/testsvc"
 	"github.com/justonce/justonce/kafkainbox"
 	"github.com/justonce/justonce/migrations"
 )
@@ -26,60 +27,48 @@ import (
 // transaction as its ledger row. The producer retried order-2, so Kafka
 // holds it twice; the second copy is acknowledged without running the
 // handler.
-func Example() {
-	ctx := context.Background()
-	brokers, topic, pool, cleanup := exampleServices() // a topic, and a pool on a migrated schema
-	defer cleanup()
+//
+// The same program runs on NATS (natsinbox's ExampleNew): only the import
+// and the Config line differ.
+func ExampleNew() {
+	ex := setUp("order-1", "order-2", "order-2") // the events, published; a migrated schema
+	defer ex.tearDown()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
 
-	ledger, err := inbox.New(pool, inbox.Config{})
+	ledger, err := inbox.New(ex.pool, inbox.Config{})
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
-	if _, err := pool.Exec(ctx, `CREATE TABLE invoices (order_id text PRIMARY KEY)`); err != nil {
-		panic(err)
+	if _, err := ex.pool.Exec(ctx, `CREATE TABLE invoices (order_id text NOT NULL)`); err != nil {
+		log.Fatal(err)
 	}
-
-	// Producer side: the event ID travels in the event-id header.
-	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, RequiredAcks: kafka.RequireAll, Transport: &kafka.Transport{}}
-	if err := w.WriteMessages(ctx,
-		kafkainbox.NewMessage("order-1", []byte("customer-7"), []byte(`{"total": 10}`)),
-		kafkainbox.NewMessage("order-2", []byte("customer-9"), []byte(`{"total": 25}`)),
-		kafkainbox.NewMessage("order-2", []byte("customer-9"), []byte(`{"total": 25}`)), // a producer retry
-	); err != nil {
-		panic(err)
-	}
-	_ = w.Close()
-
-	// Consumer side.
-	runCtx, stop := context.WithCancel(ctx)
 	var answered atomic.Int32
-	c, err := kafkainbox.New(kafkainbox.Config{
-		Brokers: brokers,
-		Topic:   topic,
-		GroupID: "billing-" + topic,
-		Processor: consumer.Config{
-			Ledger: ledger,
-			Hooks: consumer.Hooks{OnOutcome: func(m *consumer.Message, out inbox.Outcome, _ time.Duration) {
-				fmt.Println(m.ID, out.Disposition)
-				if answered.Add(1) == 3 {
-					stop() // graceful: finish, commit offsets, leave the group
-				}
-			}},
-		},
-	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	processor := consumer.Config{
+		Ledger: ledger,
+		Hooks: consumer.Hooks{OnOutcome: func(m *consumer.Message, out inbox.Outcome, _ time.Duration) {
+			fmt.Println(m.ID, out.Disposition)
+			if answered.Add(1) == 3 {
+				stop() // a clean stop: finish, acknowledge, leave
+			}
+		}},
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
 		return err
-	})
-	if err != nil {
-		panic(err)
 	}
-	if err := c.Run(runCtx); err != nil {
-		panic(err)
+
+	c, err := kafkainbox.New(kafkainbox.Config{Brokers: ex.brokers, Topic: ex.topic, GroupID: ex.group, Processor: processor}, handler)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil { // nil after a clean stop
+		log.Fatal(err)
 	}
 
 	var invoices int
-	if err := pool.QueryRow(ctx, `SELECT count(*) FROM invoices`).Scan(&invoices); err != nil {
-		panic(err)
+	if err := ex.pool.QueryRow(context.Background(), `SELECT count(*) FROM invoices`).Scan(&invoices); err != nil {
+		log.Fatal(err)
 	}
 	fmt.Println("invoices:", invoices)
 	// Output:
@@ -95,61 +84,83 @@ func ExampleNewMessage() {
 	// Output: event-id=order-42 key=customer-7
 }
 
-// exampleServices finds the test services (as the tests do, from the
-// environment or .services.env), creates a one-partition topic and a
-// migrated schema of its own, and returns a cleanup.
-func exampleServices() (brokers []string, topic string, pool *pgxpool.Pool, cleanup func()) {
+// example is what the examples run against: a topic of their own, with the
+// events published, a consumer group name, and a pool on a migrated schema
+// of their own.
+type example struct {
+	brokers      []string
+	topic, group string
+	pool         *pgxpool.Pool
+	tearDown     func()
+}
+
+// setUp finds Kafka and Postgres from the environment
+// (JUSTONCE_TEST_KAFKA_BROKERS, a comma-separated list, and
+// JUSTONCE_TEST_POSTGRES_URL; `make services-up` starts both and the tests
+// read the addresses from .services.env), creates a one-partition topic and
+// publishes one message per ID to it, in order, the ID in the event-id
+// header.
+func setUp(ids ...string) example {
 	ctx := context.Background()
-	pgURL, kafkaAddr := testsvc.Getenv(testsvc.EnvPostgres), testsvc.Getenv(testsvc.EnvKafka)
+	pgURL, kafkaAddr := os.Getenv("JUSTONCE_TEST_POSTGRES_URL"), os.Getenv("JUSTONCE_TEST_KAFKA_BROKERS")
 	if pgURL == "" || kafkaAddr == "" {
-		panic("example: start the test services with `make services-up`, or set " + testsvc.EnvPostgres + " and " + testsvc.EnvKafka)
+		log.Fatal("example: set JUSTONCE_TEST_POSTGRES_URL and JUSTONCE_TEST_KAFKA_BROKERS (`make services-up` starts both)")
 	}
-	brokers = strings.Split(kafkaAddr, ",")
+	ex := example{brokers: strings.Split(kafkaAddr, ",")}
 	suffix := make([]byte, 5)
 	_, _ = rand.Read(suffix)
 	name := "ex_" + hex.EncodeToString(suffix)
-	topic = strings.ReplaceAll(name, "_", "-")
+	ex.topic = strings.ReplaceAll(name, "_", "-")
+	ex.group = "billing-" + ex.topic
 
-	conn, err := kafka.Dial("tcp", brokers[0])
+	conn, err := kafka.Dial("tcp", ex.brokers[0])
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	defer conn.Close()
 	ctrl, err := conn.Controller()
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	cc, err := kafka.Dial("tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	defer cc.Close()
-	if err := cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: 1, ReplicationFactor: 1}); err != nil {
-		panic(err)
+	if err := cc.CreateTopics(kafka.TopicConfig{Topic: ex.topic, NumPartitions: 1, ReplicationFactor: 1}); err != nil {
+		log.Fatal(err)
 	}
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		if ps, err := conn.ReadPartitions(topic); err == nil && len(ps) == 1 && ps[0].Leader.Host != "" {
+		if ps, err := conn.ReadPartitions(ex.topic); err == nil && len(ps) == 1 && ps[0].Leader.Host != "" {
 			break
 		}
 		if time.Now().After(deadline) {
-			panic("example: topic has no leader")
+			log.Fatal("example: topic has no leader")
 		}
 	}
+	w := &kafka.Writer{Addr: kafka.TCP(ex.brokers...), Topic: ex.topic, RequiredAcks: kafka.RequireAll, Transport: &kafka.Transport{}}
+	for _, id := range ids {
+		if err := w.WriteMessages(ctx, kafkainbox.NewMessage(id, nil, []byte(`{"total": 10}`))); err != nil {
+			log.Fatal(err)
+		}
+	}
+	_ = w.Close()
 
 	cfg, err := pgxpool.ParseConfig(pgURL)
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = name
-	pool, err = pgxpool.NewWithConfig(ctx, cfg)
+	ex.pool, err = pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		panic(err)
+		log.Fatal(err)
 	}
-	if _, err := migrations.New(pool, migrations.Config{Schema: name}).Up(ctx); err != nil {
-		panic(err)
+	if _, err := migrations.New(ex.pool, migrations.Config{Schema: name}).Up(ctx); err != nil {
+		log.Fatal(err)
 	}
-	return brokers, topic, pool, func() {
-		_, _ = pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE")
-		pool.Close()
+	ex.tearDown = func() {
+		_, _ = ex.pool.Exec(ctx, "DROP SCHEMA "+pgx.Identifier{name}.Sanitize()+" CASCADE")
+		ex.pool.Close()
 	}
+	return ex
 }

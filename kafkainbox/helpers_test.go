@@ -4,7 +4,6 @@ import (
 	"context"
 	"net"
 	"strconv"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/consumer/consumertest"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/testsvc"
 	"github.com/justonce/justonce/kafkainbox"
@@ -269,21 +269,6 @@ func start(t testing.TB, cfg kafkainbox.Config, h consumer.Handler) (stop func()
 	}
 	c, err := kafkainbox.New(cfg, h)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				require.NoError(t, err)
-			case <-time.After(60 * time.Second):
-				t.Fatal("consumer did not shut down within 60s")
-			}
-		})
-	}
-	t.Cleanup(stop)
+	stop, _ = consumertest.Start(t, c)
 	return stop
 }

@@ -2,13 +2,7 @@ package natsinbox
 
 import (
 	"container/list"
-	"context"
-	"fmt"
 	"sync"
-
-	"github.com/jackc/pgx/v5"
-
-	"github.com/justonce/justonce/consumer"
 )
 
 // MaxTrackedMessages bounds how many JetStream messages the process
@@ -105,61 +99,4 @@ func (t *attemptTable) len() int {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	return t.order.Len()
-}
-
-// flight is one message's retry loop (consumer.ProcessWithRetry) in a
-// JetStream consumer. When the consumer stops, a loop waiting between
-// attempts ends at once, but an attempt whose handler has started runs to
-// its decision (the drain): its commit is acked, and its failure counts.
-// stop cancels the loop's context right away when no handler has started,
-// else when the runtime decides to retry (decided).
-type flight struct {
-	mu       sync.Mutex
-	running  bool // a handler started and the runtime has not decided yet
-	stopping bool
-	cancel   context.CancelFunc
-}
-
-type flightKey struct{}
-
-func (f *flight) stop() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.stopping = true
-	if !f.running {
-		f.cancel()
-	}
-}
-
-// enter reports whether a handler may start.
-func (f *flight) enter() bool {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if f.stopping {
-		return false
-	}
-	f.running = true
-	return true
-}
-
-// decided: the attempt ended in a retry decision (Hooks.OnRetry); the loop
-// is about to wait.
-func (f *flight) decided() {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	f.running = false
-	if f.stopping {
-		f.cancel()
-	}
-}
-
-// guard wraps the user's handler: inside a flight, a handler does not
-// start once the consumer is stopping.
-func guard(h consumer.Handler) consumer.Handler {
-	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if f, _ := ctx.Value(flightKey{}).(*flight); f != nil && !f.enter() {
-			return fmt.Errorf("justonce/natsinbox: consumer stopping, handler not started: %w", context.Cause(ctx))
-		}
-		return h(ctx, tx, m)
-	}
 }

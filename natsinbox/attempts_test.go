@@ -70,7 +70,7 @@ func numDelivered(m *consumer.Message) uint64 {
 
 // A message delivered again and again without its handler failing (Naks of
 // a draining member, AckWait expiries, a consumer stopped while its handler
-// ran and cancelled by the drain timeout) is on its first attempt when its
+// ran and cancelled by the shutdown timeout) is on its first attempt when its
 // handler fails for the first time: it is retried, not dead-lettered,
 // although JetStream's delivery count is far above MaxAttempts.
 func TestRedeliveriesAreNotAttempts(t *testing.T) {
@@ -100,29 +100,27 @@ func TestRedeliveriesAreNotAttempts(t *testing.T) {
 	}
 
 	// A consumer stopped while the handler runs; the handler outlives the
-	// drain timeout and is cancelled: not a failure of the handler.
+	// shutdown timeout and is cancelled: not a failure of the handler.
 	entered := make(chan struct{})
 	c1, err := New(Config{Conn: e.nc, Stream: stream, Durable: "r", AckWait: ackWait, Processor: pcfg,
-		DrainTimeout: 200 * time.Millisecond,
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			record(m)
-			close(entered)
-			<-ctx.Done()
-			return ctx.Err()
-		}})
+		ShutdownTimeout: 200 * time.Millisecond}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		record(m)
+		close(entered)
+		<-ctx.Done()
+		return ctx.Err()
+	})
 	require.NoError(t, err)
 	stop1 := run(t, c1)
 	<-entered
 	stop1()
 
 	// The next consumer (same process): the handler fails once, for real.
-	c2, err := New(Config{Conn: e.nc, Stream: stream, Durable: "r", AckWait: ackWait, Processor: pcfg,
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			if record(m) == 2 {
-				return errors.New("first real failure")
-			}
-			return fx.insert(ctx, tx, m)
-		}})
+	c2, err := New(Config{Conn: e.nc, Stream: stream, Durable: "r", AckWait: ackWait, Processor: pcfg}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if record(m) == 2 {
+			return errors.New("first real failure")
+		}
+		return fx.insert(ctx, tx, m)
+	})
 	require.NoError(t, err)
 	run(t, c2)
 	testsvc.Eventually(t, 20*time.Second, func() bool {
@@ -190,7 +188,7 @@ func TestAlwaysFailingRunsMaxAttempts(t *testing.T) {
 	retried := make(chan struct{}, 10)
 	p1 := pcfg
 	p1.Hooks.OnRetry = func(*consumer.Message, error) { retried <- struct{}{} }
-	c1, err := New(Config{Conn: e.nc, Stream: stream, Durable: "a", AckWait: ackWait, Processor: p1, Handler: failing})
+	c1, err := New(Config{Conn: e.nc, Stream: stream, Durable: "a", AckWait: ackWait, Processor: p1}, failing)
 	require.NoError(t, err)
 	stop1 := run(t, c1)
 	<-retried
@@ -202,7 +200,7 @@ func TestAlwaysFailingRunsMaxAttempts(t *testing.T) {
 	require.Equal(t, []int{1, 2}, seen)
 	mu.Unlock()
 
-	c2, err := New(Config{Conn: e.nc, Stream: stream, Durable: "a", AckWait: ackWait, Processor: pcfg, Handler: failing})
+	c2, err := New(Config{Conn: e.nc, Stream: stream, Durable: "a", AckWait: ackWait, Processor: pcfg}, failing)
 	require.NoError(t, err)
 	run(t, c2)
 	testsvc.Eventually(t, 30*time.Second, func() bool {
@@ -236,24 +234,23 @@ func TestHostileHandlersDeadLettered(t *testing.T) {
 			fx.pg.Exec(t, `CREATE TABLE children (parent text REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)`)
 			runs := map[string]int{}
 			var mu sync.Mutex
-			c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "h", Processor: fx.processor(subject), Batch: batch,
-				FetchWait: 200 * time.Millisecond,
-				Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-					mu.Lock()
-					runs[m.ID]++
-					mu.Unlock()
-					if err := fx.insert(ctx, tx, m); err != nil {
-						return err
-					}
-					switch m.ID {
-					case "swallow":
-						_, _ = tx.Exec(ctx, `SELECT 1/0`) // error ignored: "go on"
-					case "deferred":
-						_, err := tx.Exec(ctx, `INSERT INTO children (parent) VALUES ('missing')`)
-						return err // nil: the check waits for COMMIT
-					}
-					return nil
-				}})
+			c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "h", Processor: fx.processor(subject), BatchSize: batch,
+				FetchWait: 200 * time.Millisecond}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				mu.Lock()
+				runs[m.ID]++
+				mu.Unlock()
+				if err := fx.insert(ctx, tx, m); err != nil {
+					return err
+				}
+				switch m.ID {
+				case "swallow":
+					_, _ = tx.Exec(ctx, `SELECT 1/0`) // error ignored: "go on"
+				case "deferred":
+					_, err := tx.Exec(ctx, `INSERT INTO children (parent) VALUES ('missing')`)
+					return err // nil: the check waits for COMMIT
+				}
+				return nil
+			})
 			require.NoError(t, err)
 			ids := []string{"ok-1", "swallow", "ok-2", "deferred", "ok-3"}
 			for _, id := range ids {

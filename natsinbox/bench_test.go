@@ -167,7 +167,7 @@ func benchWrapped(b *testing.B, e *env, ledger *inbox.Ledger, n, concurrency, ba
 	ready := make(chan struct{})
 	var start time.Time
 	c, err := New(Config{
-		Conn: e.nc, Stream: stream, Durable: "wrapped", Concurrency: concurrency, Batch: batch,
+		Conn: e.nc, Stream: stream, Durable: "wrapped", Concurrency: concurrency, BatchSize: batch,
 		Processor: consumer.Config{Ledger: ledger, Scope: stream, Hooks: consumer.Hooks{
 			OnOutcome: func(*consumer.Message, inbox.Outcome, time.Duration) {
 				if done.Add(1) == int64(n) {
@@ -175,14 +175,13 @@ func benchWrapped(b *testing.B, e *env, ledger *inbox.Ledger, n, concurrency, ba
 				}
 			},
 		}},
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			_, err := tx.Exec(ctx, benchInsert, m.ID, m.Value)
-			return err
-		},
 		ready: func() {
 			start = time.Now()
 			close(ready)
 		},
+	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, benchInsert, m.ID, m.Value)
+		return err
 	})
 	if err != nil {
 		b.Fatal(err)
@@ -200,7 +199,7 @@ func benchWrapped(b *testing.B, e *env, ledger *inbox.Ledger, n, concurrency, ba
 	took := time.Since(start)
 	b.StopTimer()
 	cancel()
-	if err := <-errc; err != nil && err != context.Canceled {
+	if err := <-errc; err != nil {
 		b.Fatal(fmt.Errorf("Run: %w", err))
 	}
 	return took

@@ -14,11 +14,11 @@ import (
 
 // Defaults applied by New to zero Config fields.
 const (
-	DefaultAckWait      = 30 * time.Second // Config.AckWait (the server's default too)
-	DefaultPrefetch     = 64               // Config.Prefetch
-	DefaultFetchWait    = time.Second      // Config.FetchWait
-	DefaultDrainTimeout = 30 * time.Second // Config.DrainTimeout
-	DefaultAckTimeout   = 5 * time.Second  // Config.AckTimeout
+	DefaultAckWait         = 30 * time.Second // Config.AckWait (the server's default too)
+	DefaultPrefetch        = 64               // Config.Prefetch
+	DefaultFetchWait       = time.Second      // Config.FetchWait
+	DefaultShutdownTimeout = 30 * time.Second // Config.ShutdownTimeout
+	DefaultAckTimeout      = 5 * time.Second  // Config.AckTimeout
 
 	// DeadLetterSuffix is appended to a message's subject to form its
 	// dead-letter subject when Config.DeadLetterSubject is empty.
@@ -32,9 +32,6 @@ type Config struct {
 	// Conn is the NATS connection. Required. Run neither drains nor closes
 	// it: the caller owns it.
 	Conn *nats.Conn
-	// Handler runs each new event inside the ledger's transaction.
-	// Required.
-	Handler consumer.Handler
 	// Processor configures the runtime; Processor.Ledger is required.
 	// Defaults: Scope is Durable (JetStream) or Queue, else Subject (core);
 	// ID is DefaultID (Nats-Msg-Id first); Source is
@@ -78,12 +75,13 @@ type Config struct {
 	// a worker are not heartbeated: keep Prefetch × handler time /
 	// Concurrency well under AckWait.
 	Prefetch int
-	// Batch > 0 turns on batch mode: messages are pulled with Fetch and up
-	// to Batch of them are handled in one transaction
-	// (consumer.Processor.ProcessBatch): one claim statement, one commit,
-	// then one ack per message. A batch is handled as soon as the messages
-	// at hand are in; it does not wait to fill. JetStream only.
-	Batch int
+	// BatchSize > 0 turns on batch mode: messages are pulled with Fetch,
+	// BatchSize at most a request, and up to BatchSize of them are handled
+	// in one transaction (consumer.Processor.ProcessBatch): one claim
+	// statement, one commit, then one ack per message. A batch is handled
+	// as soon as the messages at hand are in; it does not wait to fill.
+	// Default 0: one message, one transaction. JetStream only.
+	BatchSize int
 	// FetchWait is how long one Fetch request waits on the server for
 	// messages in batch mode. Default 1 s. It bounds how long shutdown
 	// waits for an open request.
@@ -104,11 +102,11 @@ type Config struct {
 	// Default: the message's subject with DeadLetterSuffix appended.
 	// Unused when Processor.DeadLetter is set.
 	DeadLetterSubject string
-	// DrainTimeout bounds how long Run waits for in-flight handlers after
-	// its context ends; then their contexts are cancelled (their
+	// ShutdownTimeout bounds how long Run waits, once its context is done,
+	// for in-flight handlers; then their contexts are cancelled (their
 	// transactions roll back and the messages are Nak'ed; with core NATS
 	// they are lost, and logged). Default 30 s.
-	DrainTimeout time.Duration
+	ShutdownTimeout time.Duration
 
 	// beforeAck, for tests, is called after the ledger's transaction
 	// committed and before the message is acked.
@@ -138,8 +136,8 @@ func (c Config) withDefaults() Config {
 	if c.Concurrency <= 0 {
 		c.Concurrency = 1
 	}
-	if c.DrainTimeout <= 0 {
-		c.DrainTimeout = DefaultDrainTimeout
+	if c.ShutdownTimeout <= 0 {
+		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	p := &c.Processor
 	if p.Scope == "" {
@@ -172,9 +170,6 @@ func (c Config) Validate() error {
 	if c.Conn == nil {
 		bad("Conn is nil")
 	}
-	if c.Handler == nil {
-		bad("Handler is nil")
-	}
 	if c.Processor.Ledger == nil {
 		bad("Processor.Ledger is nil")
 	}
@@ -204,15 +199,15 @@ func (c Config) Validate() error {
 		if !validSubject(c.Subject, true) {
 			bad("Subject: invalid subject %q", c.Subject)
 		}
-		if c.Batch > 0 {
-			bad("Batch is for JetStream only")
+		if c.BatchSize > 0 {
+			bad("BatchSize is for JetStream only")
 		}
 		if c.Durable != "" || c.Bind || len(c.FilterSubjects) > 0 {
 			bad("Durable, Bind and FilterSubjects are for JetStream only")
 		}
 	}
-	if c.Batch < 0 {
-		bad("Batch is negative")
+	if c.BatchSize < 0 {
+		bad("BatchSize is negative")
 	}
 	if c.Concurrency < 0 || c.Prefetch < 0 || c.MaxAckPending < 0 {
 		bad("Concurrency, Prefetch and MaxAckPending may not be negative")

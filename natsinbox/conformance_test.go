@@ -1,9 +1,6 @@
 package natsinbox
 
 import (
-	"context"
-	"errors"
-	"sync"
 	"testing"
 	"time"
 
@@ -52,26 +49,16 @@ func (h *harness) Start(t *testing.T, topic, group string, opts consumertest.Opt
 		Conn:      nc,
 		Stream:    "S-" + topic,
 		Durable:   group,
-		Handler:   opts.Handler,
 		Processor: opts.Config,
-		Batch:     opts.Batch,
+		BatchSize: opts.BatchSize,
 		AckWait:   5 * time.Second,
 		FetchWait: 250 * time.Millisecond,
-	})
+	}, opts.Handler)
 	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- c.Run(ctx) }()
-	var once sync.Once
+	stopRun, _ := consumertest.Start(t, c)
 	return func() {
-		once.Do(func() {
-			cancel()
-			err := <-done
-			nc.Close()
-			if err != nil && !errors.Is(err, context.Canceled) {
-				t.Errorf("Run: %v", err)
-			}
-		})
+		stopRun()
+		nc.Close()
 	}
 }
 

@@ -18,9 +18,6 @@ import (
 	"github.com/justonce/justonce/inbox"
 )
 
-// ErrRunning is returned by a second call to Run: a Consumer runs once.
-var ErrRunning = errors.New("justonce/natsinbox: consumer already ran")
-
 // Consumer consumes a JetStream durable or a core NATS subject with
 // exactly-once effects. Create it with New and start it with Run.
 type Consumer struct {
@@ -34,21 +31,28 @@ type Consumer struct {
 	// the messages in the attempt table.
 	stream        string
 	streamCreated int64
-	// flights maps a message in processInPlace to its flight.
-	flights sync.Map // *consumer.Message -> *flight
 }
 
-// New checks cfg, applies its defaults and returns a Consumer. It does not
-// touch the network: Run creates or binds the JetStream consumer.
-func New(cfg Config) (*Consumer, error) {
+// New returns a Consumer that runs h for each new event of the stream's
+// durable (JetStream) or of the subject (core NATS). It validates cfg and
+// applies the defaults; it does not touch the network: Run creates or
+// binds the JetStream consumer.
+//
+//	c, err := natsinbox.New(natsinbox.Config{
+//		Conn:      nc,
+//		Stream:    "ORDERS",
+//		Durable:   "billing",
+//		Processor: consumer.Config{Ledger: ledger},
+//	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+//		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
+//		return err
+//	})
+func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	cfg = cfg.withDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	c := &Consumer{cfg: cfg, log: cfg.Processor.Logger}
-	if c.log == nil {
-		c.log = slog.New(slog.DiscardHandler)
-	}
+	c := &Consumer{cfg: cfg, log: cfg.Processor.Ledger.Logger()}
 	if cfg.jetStream() {
 		js, err := jetstream.New(cfg.Conn)
 		if err != nil {
@@ -60,16 +64,7 @@ func New(cfg Config) (*Consumer, error) {
 	if pcfg.DeadLetter == nil {
 		pcfg.DeadLetter = c.publishDeadLetter
 	}
-	onRetry := pcfg.Hooks.OnRetry
-	pcfg.Hooks.OnRetry = func(m *consumer.Message, err error) {
-		if f, ok := c.flights.Load(m); ok {
-			f.(*flight).decided()
-		}
-		if onRetry != nil {
-			onRetry(m, err)
-		}
-	}
-	proc, err := consumer.New(pcfg, guard(cfg.Handler))
+	proc, err := consumer.New(pcfg, h)
 	if err != nil {
 		return nil, err
 	}
@@ -77,15 +72,17 @@ func New(cfg Config) (*Consumer, error) {
 	return c, nil
 }
 
-// Run consumes until ctx ends, then drains: it stops pulling, lets the
-// handlers in flight finish (up to Config.DrainTimeout), acks them, and
-// returns ctx's error. It returns earlier with an error when the consumer
-// cannot be set up (stream or durable missing, a configuration that would
-// consume its own dead letters) or stops for good (the durable was
-// deleted). A Consumer runs once.
+// Run consumes until ctx ends, then shuts down as every front does (see
+// the consumer package, "Fronts"): it stops pulling, lets the attempts in
+// flight finish (up to Config.ShutdownTimeout), acks them, Naks what was
+// pulled but not finished so that another member gets it at once, and
+// returns nil. It returns an error when the consumer cannot be set up
+// (stream or durable missing, a configuration that would consume its own
+// dead letters) or stops for good (the durable was deleted). A second
+// call returns consumer.ErrRunOnce.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
-		return ErrRunning
+		return consumer.ErrRunOnce
 	}
 	if c.js != nil {
 		return c.runJetStream(ctx)
@@ -94,15 +91,15 @@ func (c *Consumer) Run(ctx context.Context) error {
 }
 
 // procContext returns the context handlers run with: it outlives ctx by
-// up to DrainTimeout, so in-flight work finishes during a drain. Call the
-// returned start when ctx ends to begin the countdown.
+// up to ShutdownTimeout, so in-flight work finishes during a drain. Call
+// the returned start when ctx ends to begin the countdown.
 func (c *Consumer) procContext(ctx context.Context) (pctx context.Context, startDrain func(), cancel context.CancelFunc) {
 	pctx, cancel = context.WithCancel(context.WithoutCancel(ctx))
 	var once sync.Once
 	startDrain = func() {
 		once.Do(func() {
-			t := time.AfterFunc(c.cfg.DrainTimeout, func() {
-				c.log.Warn("justonce natsinbox: drain timeout, cancelling in-flight handlers", "timeout", c.cfg.DrainTimeout)
+			t := time.AfterFunc(c.cfg.ShutdownTimeout, func() {
+				c.log.Warn("justonce natsinbox: in-flight handlers still running after the shutdown timeout; cancelling them", "timeout", c.cfg.ShutdownTimeout)
 				cancel()
 			})
 			context.AfterFunc(pctx, func() { t.Stop() })

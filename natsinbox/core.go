@@ -49,7 +49,10 @@ func (c *Consumer) runCore(ctx context.Context) error {
 					return
 				case m := <-jobs:
 					msg := coreMessage(m)
-					if d := c.proc.ProcessWithRetry(pctx, msg); d.Action != consumer.Ack {
+					// Retries wait on pctx: core NATS does not redeliver,
+					// so they go on during a shutdown, up to
+					// ShutdownTimeout.
+					if d := c.proc.ProcessWithRetry(pctx, msg, nil); d.Action != consumer.Ack {
 						lost(msg, d.Err)
 					}
 				}
@@ -100,5 +103,5 @@ func (c *Consumer) runCore(ctx context.Context) error {
 	}
 	close(quit)
 	wg.Wait()
-	return ctx.Err()
+	return nil
 }

@@ -34,10 +34,10 @@ const (
 )
 
 // crashConfig is the consumer both processes run.
-func crashConfig(nc *nats.Conn, stream string, p consumer.Config, h consumer.Handler) Config {
+func crashConfig(nc *nats.Conn, stream string, p consumer.Config) Config {
 	p.Scope = crashScopeLabel
 	p.TTL = crashLedgerTTL
-	return Config{Conn: nc, Stream: stream, Durable: crashDurable, AckWait: crashAckWait, Processor: p, Handler: h}
+	return Config{Conn: nc, Stream: stream, Durable: crashDurable, AckWait: crashAckWait, Processor: p}
 }
 
 // A consumer killed (SIGKILL) after the ledger's transaction committed and
@@ -68,7 +68,7 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	ci := e.consumerInfo(t, stream, crashDurable)
 	require.EqualValues(t, 1, ci.AckFloor.Stream, "only the first message was acked")
 
-	c, err := New(crashConfig(e.nc, stream, fx.processor(""), fx.insert))
+	c, err := New(crashConfig(e.nc, stream, fx.processor("")), fx.insert)
 	require.NoError(t, err)
 	run(t, c)
 	testsvc.Eventually(t, 20*time.Second, func() bool {
@@ -102,11 +102,11 @@ func crashChild() {
 	if err != nil {
 		fail("%v", err)
 	}
-	cfg := crashConfig(nc, os.Getenv(envCrashStream), consumer.Config{Ledger: ledger},
-		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, value) VALUES ($1, $2)`, m.ID, m.Value)
-			return err
-		})
+	cfg := crashConfig(nc, os.Getenv(envCrashStream), consumer.Config{Ledger: ledger})
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, value) VALUES ($1, $2)`, m.ID, m.Value)
+		return err
+	}
 	cfg.beforeAck = func(m *consumer.Message) {
 		if m.ID == crashID {
 			// The transaction has committed; die before the ack leaves.
@@ -114,7 +114,7 @@ func crashChild() {
 			select {}
 		}
 	}
-	c, err := New(cfg)
+	c, err := New(cfg, h)
 	if err != nil {
 		fail("%v", err)
 	}

@@ -18,7 +18,7 @@
 // attempts), created or updated by Run; use Config.Bind to run a durable
 // managed elsewhere with other settings (DeliverPolicy, BackOff, ...).
 // Messages are pulled with Consume, or with Fetch in batch mode
-// (Config.Batch), and each goes through consumer.Processor:
+// (Config.BatchSize), and each goes through consumer.Processor:
 //
 //   - new event: the handler runs in the ledger's transaction; after the
 //     commit the message is acked (Ack, or DoubleAck with Config.DoubleAck);
@@ -28,9 +28,9 @@
 //     without running the handler;
 //   - handler error (including a handler that swallowed a SQL error, so
 //     that COMMIT answered ROLLBACK, and a deferred constraint failing at
-//     COMMIT): a counted attempt, retried in place with the runtime's
-//     backoff (consumer.Processor.ProcessWithRetry) while the message is
-//     kept InProgress;
+//     COMMIT): a counted attempt, retried in place by the runtime's retry
+//     loop (consumer.Processor.Retry) while the message is kept
+//     InProgress;
 //   - the database unavailable, or the event held by another consumer of
 //     the scope right now: retried in place the same way, without
 //     counting an attempt (the runtime bounds such retries after the
@@ -45,10 +45,11 @@
 // InProgress every third of the consumer's AckWait, so the message is not
 // redelivered meanwhile. A failing message occupies one worker for its
 // retry budget (the sum of the backoff delays); the other workers
-// (Config.Concurrency) go on. Run drains on shutdown: it stops pulling,
-// lets the handlers that started finish and acks them, ends the waits
-// between retries, Naks what was pulled but not started or is waiting to be
-// retried (so another member of the durable gets it at once), and returns.
+// (Config.Concurrency) go on. Run stops as every front does (see the
+// consumer package, "Fronts"): it stops pulling, lets the attempts in
+// flight finish and acks them, ends the waits between retries, Naks what
+// was pulled but not started or is waiting to be retried (so another
+// member of the durable gets it at once), and returns nil.
 //
 // # Attempts
 //
@@ -73,8 +74,8 @@
 // side: a message is never dead-lettered before MaxAttempts handler
 // failures in one process, at the cost that a poison message handed from
 // process to process may run up to MaxAttempts times in each. A handler
-// failure while the consumer drains counts; a handler cancelled by
-// Config.DrainTimeout does not.
+// failure while the consumer stops counts; a handler cancelled by
+// Config.ShutdownTimeout does not.
 //
 // Keep Config.Prefetch times the handler's duration, divided by
 // Config.Concurrency, well under AckWait: pulled messages waiting for a
@@ -123,8 +124,10 @@
 //
 // Users without JetStream set Config.Subject (and Config.Queue for a queue
 // group). Core NATS does not redeliver: a failed handler is retried in
-// place with backoff (consumer.Processor.ProcessWithRetry), and after
-// MaxAttempts the message goes to the dead-letter subject. A message that
+// place with backoff (consumer.Processor.Retry), and after MaxAttempts the
+// message goes to the dead-letter subject. Since a message handed back
+// would be lost, a shutdown does not end these retries: they go on until
+// Config.ShutdownTimeout. A message that
 // is in flight when the process crashes, or that the server drops for a
 // slow consumer, is lost: core NATS has no record of it to send again.
 // The ledger still makes sure that an event published twice (a publisher

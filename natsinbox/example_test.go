@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"os"
 	"path/filepath"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -19,22 +20,73 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/testsvc"
 	"github.com/justonce/justonce/migrations"
 	"github.com/justonce/justonce/natsinbox"
 )
+
+// A billing consumer: each order event creates one invoice, in the same
+// transaction as its ledger row. The publisher retried order-2 without
+// Nats-Msg-Id, so the stream holds it twice; the second copy is
+// acknowledged without running the handler.
+//
+// The same program runs on Kafka (kafkainbox's ExampleNew): only the import
+// and the Config line differ.
+func ExampleNew() {
+	ex := setUp("order-1", "order-2", "order-2") // the events, published; a migrated schema
+	defer ex.tearDown()
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+
+	ledger, err := inbox.New(ex.pool, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := ex.pool.Exec(ctx, `CREATE TABLE invoices (order_id text NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	var answered atomic.Int32
+	processor := consumer.Config{
+		Ledger: ledger,
+		Hooks: consumer.Hooks{OnOutcome: func(m *consumer.Message, out inbox.Outcome, _ time.Duration) {
+			fmt.Println(m.ID, out.Disposition)
+			if answered.Add(1) == 3 {
+				stop() // a clean stop: finish, acknowledge, leave
+			}
+		}},
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
+		return err
+	}
+
+	c, err := natsinbox.New(natsinbox.Config{Conn: ex.conn, Stream: ex.stream, Durable: "billing", Processor: processor}, handler)
+	if err != nil {
+		log.Fatal(err)
+	}
+	if err := c.Run(ctx); err != nil { // nil after a clean stop
+		log.Fatal(err)
+	}
+
+	var invoices int
+	if err := ex.pool.QueryRow(context.Background(), `SELECT count(*) FROM invoices`).Scan(&invoices); err != nil {
+		log.Fatal(err)
+	}
+	fmt.Println("invoices:", invoices)
+	// Output:
+	// order-1 executed
+	// order-2 executed
+	// order-2 duplicate
+	// invoices: 2
+}
 
 // A JetStream consumer that creates one invoice per order, however often
 // the order is delivered: here it is published twice, the second time
 // without Nats-Msg-Id, so JetStream stores both copies.
 func Example() {
-	nc, pool, cleanup := exampleServices()
-	defer cleanup()
-	ctx := context.Background()
-
+	ex := setUp() // the ORDERS stream on orders.created; a migrated schema
+	defer ex.tearDown()
+	nc, pool, ctx := ex.conn, ex.pool, context.Background()
 	js, _ := jetstream.New(nc)
-	_, _ = js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.created"}})
-	_, _ = js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS_DLQ", Subjects: []string{"orders.created.dlq"}})
 	_, _ = pool.Exec(ctx, `CREATE TABLE invoices (order_id text NOT NULL)`)
 	ledger, err := inbox.New(pool, inbox.Config{})
 	if err != nil {
@@ -46,10 +98,9 @@ func Example() {
 		Stream:    "ORDERS",
 		Durable:   "billing", // also the ledger scope
 		Processor: consumer.Config{Ledger: ledger},
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
-			return err
-		},
+	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
+		return err
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -80,12 +131,10 @@ func Example() {
 // run in one transaction and acked after its commit. Here 250 orders are
 // published, and 50 of them a second time without Nats-Msg-Id.
 func ExampleConfig_batch() {
-	nc, pool, cleanup := exampleServices()
-	defer cleanup()
-	ctx := context.Background()
+	ex := setUp() // the ORDERS stream on orders.created; a migrated schema
+	defer ex.tearDown()
+	nc, pool, ctx := ex.conn, ex.pool, context.Background()
 	js, _ := jetstream.New(nc)
-	_, _ = js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS", Subjects: []string{"orders.created"}})
-	_, _ = js.CreateStream(ctx, jetstream.StreamConfig{Name: "ORDERS_DLQ", Subjects: []string{"orders.created.dlq"}})
 	_, _ = pool.Exec(ctx, `CREATE TABLE invoices (order_id text NOT NULL)`)
 	ledger, err := inbox.New(pool, inbox.Config{})
 	if err != nil {
@@ -109,11 +158,10 @@ func ExampleConfig_batch() {
 	c, err := natsinbox.New(natsinbox.Config{
 		Conn: nc, Stream: "ORDERS", Durable: "billing",
 		Processor: consumer.Config{Ledger: ledger, MaxAttempts: 5},
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
-			return err
-		},
-		Batch: 100,
+		BatchSize: 100,
+	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
+		return err
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -137,9 +185,9 @@ func ExampleConfig_batch() {
 // core NATS does not redeliver. A publisher that sends an event again (here
 // until it sees the invoices) does not run it twice.
 func ExampleConfig_core() {
-	nc, pool, cleanup := exampleServices()
-	defer cleanup()
-	ctx := context.Background()
+	ex := setUp() // a migrated schema
+	defer ex.tearDown()
+	nc, pool, ctx := ex.conn, ex.pool, context.Background()
 	_, _ = pool.Exec(ctx, `CREATE TABLE invoices (order_id text NOT NULL)`)
 	ledger, err := inbox.New(pool, inbox.Config{})
 	if err != nil {
@@ -148,10 +196,9 @@ func ExampleConfig_core() {
 	c, err := natsinbox.New(natsinbox.Config{
 		Conn: nc, Subject: "orders.created", Queue: "billing",
 		Processor: consumer.Config{Ledger: ledger},
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
-			return err
-		},
+	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
+		return err
 	})
 	if err != nil {
 		log.Fatal(err)
@@ -197,10 +244,22 @@ func waitAcked(js jetstream.JetStream, stream, durable string, n uint64) {
 	log.Fatalf("%s/%s: %d messages not acked within 30s", stream, durable, n)
 }
 
-// exampleServices starts an embedded NATS server with JetStream and gives
-// the example its own Postgres schema, migrated, on the test Postgres
-// (JUSTONCE_TEST_POSTGRES_URL or .services.env).
-func exampleServices() (*nats.Conn, *pgxpool.Pool, func()) {
+// example is what the examples run against: an embedded NATS server with
+// JetStream, the stream ORDERS on orders.created (and ORDERS_DLQ on
+// orders.created.dlq), and a pool on a migrated schema of their own.
+type example struct {
+	conn     *nats.Conn
+	stream   string
+	pool     *pgxpool.Pool
+	tearDown func()
+}
+
+// setUp starts the NATS server, creates the streams, publishes one message
+// per ID to orders.created, in order, the ID in the event-id header, and
+// finds Postgres from the environment (JUSTONCE_TEST_POSTGRES_URL;
+// `make services-up` starts it and the tests read the address from
+// .services.env).
+func setUp(ids ...string) example {
 	dir, err := os.MkdirTemp("", "natsinbox-example")
 	if err != nil {
 		log.Fatal(err)
@@ -218,12 +277,28 @@ func exampleServices() (*nats.Conn, *pgxpool.Pool, func()) {
 	if err != nil {
 		log.Fatal(err)
 	}
-
-	dsn := testsvc.Getenv(testsvc.EnvPostgres)
-	if dsn == "" {
-		log.Fatalf("example needs Postgres: set %s (or run `make services-up`)", testsvc.EnvPostgres)
-	}
 	ctx := context.Background()
+	js, err := jetstream.New(nc)
+	if err != nil {
+		log.Fatal(err)
+	}
+	for name, subject := range map[string]string{"ORDERS": "orders.created", "ORDERS_DLQ": "orders.created.dlq"} {
+		if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: name, Subjects: []string{subject}}); err != nil {
+			log.Fatal(err)
+		}
+	}
+	for _, id := range ids {
+		m := nats.NewMsg("orders.created")
+		m.Header.Set("event-id", id)
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			log.Fatal(err)
+		}
+	}
+
+	dsn := os.Getenv("JUSTONCE_TEST_POSTGRES_URL")
+	if dsn == "" {
+		log.Fatal("example: set JUSTONCE_TEST_POSTGRES_URL (`make services-up` starts Postgres)")
+	}
 	admin, err := pgx.Connect(ctx, dsn)
 	if err != nil {
 		log.Fatal(err)
@@ -245,7 +320,7 @@ func exampleServices() (*nats.Conn, *pgxpool.Pool, func()) {
 	if _, err := migrations.New(pool, migrations.Config{Schema: schema}).Up(ctx); err != nil {
 		log.Fatal(err)
 	}
-	return nc, pool, func() {
+	return example{conn: nc, stream: "ORDERS", pool: pool, tearDown: func() {
 		pool.Close()
 		_, _ = admin.Exec(ctx, "DROP SCHEMA "+schema+" CASCADE")
 		_ = admin.Close(ctx)
@@ -253,5 +328,5 @@ func exampleServices() (*nats.Conn, *pgxpool.Pool, func()) {
 		ns.Shutdown()
 		ns.WaitForShutdown()
 		_ = os.RemoveAll(dir)
-	}
+	}}
 }

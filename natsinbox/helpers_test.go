@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/consumer/consumertest"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/testsvc"
 )
@@ -194,8 +195,6 @@ func (fx *fixture) effects(t testing.TB, id string) int {
 // ended cleanly.
 func run(t testing.TB, c *Consumer) (stop func()) {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
 	ready := make(chan struct{})
 	next := c.cfg.ready
 	c.cfg.ready = func() {
@@ -204,27 +203,12 @@ func run(t testing.TB, c *Consumer) (stop func()) {
 			next()
 		}
 	}
-	go func() { done <- c.Run(ctx) }()
+	stop, exited := consumertest.Start(t, c)
 	select {
 	case <-ready:
-	case err := <-done:
-		cancel()
-		t.Fatalf("Run: %v", err)
+	case <-exited:
+		stop() // reports Run's error
+		t.FailNow()
 	}
-	var once sync.Once
-	stop = func() {
-		once.Do(func() {
-			cancel()
-			select {
-			case err := <-done:
-				if err != nil && !errors.Is(err, context.Canceled) {
-					t.Errorf("Run: %v", err)
-				}
-			case <-time.After(60 * time.Second):
-				t.Errorf("Run did not return within 60s of its context ending")
-			}
-		})
-	}
-	t.Cleanup(stop)
 	return stop
 }

@@ -105,15 +105,12 @@ func (c *Consumer) runJetStream(ctx context.Context) error {
 	}
 	pctx, startDrain, cancel := c.procContext(ctx)
 	defer cancel()
-	if c.cfg.Batch > 0 {
+	if c.cfg.BatchSize > 0 {
 		err = c.runFetch(ctx, pctx, startDrain, cons)
 	} else {
 		err = c.runConsume(ctx, pctx, startDrain, cons)
 	}
-	if err != nil {
-		return err
-	}
-	return ctx.Err()
+	return err
 }
 
 // handle processes one message and settles it. pctx is the handlers'
@@ -121,44 +118,27 @@ func (c *Consumer) runJetStream(ctx context.Context) error {
 func (c *Consumer) handle(pctx, stopping context.Context, m jetstream.Msg) {
 	msg := c.jsMessage(m)
 	c.hb.add(m)
-	d := c.processInPlace(pctx, stopping, msg, nil)
+	d := consumer.Decision{Action: consumer.Stop, Err: context.Cause(stopping)}
+	if stopping.Err() == nil {
+		d = c.proc.ProcessWithRetry(pctx, msg, waitUntil(stopping))
+	}
 	c.hb.remove(m)
 	c.settle(m, msg, d)
 }
 
-// processInPlace processes msg until it is done with
-// consumer.ProcessWithRetry: every retry, counted (the handler failed) or
+// waitUntil is the wait between attempts given to the runtime's retry loop
+// (consumer.Processor.Retry): every retry, counted (the handler failed) or
 // not (the database was unavailable, another consumer held the event),
-// happens here, with the message kept InProgress by the heartbeat, rather
-// than through a Nak and a redelivery. The attempt count stays with the
-// message in this process, and a poison message occupies one worker for
-// its retry budget without being handed to another member with its count
-// lost. When stopping ends, a wait between attempts ends at once and a
-// handler that started runs to its decision first (see flight); the Stop
+// happens in place, with the message kept InProgress by the heartbeat,
+// rather than through a Nak and a redelivery. The attempt count stays with
+// the message in this process, and a poison message occupies one worker
+// for its retry budget without being handed to another member with its
+// count lost. When stopping ends, the wait ends at once (an attempt in
+// progress runs to its decision on the handlers' context first); the Stop
 // decision that follows Naks the message, and its counts are kept for its
 // redelivery (see remember).
-//
-// first, when not nil, is the Decision of an attempt already made (batch
-// mode): its delay is waited first, and a counted failure raises Attempt
-// unless the runtime already did.
-func (c *Consumer) processInPlace(pctx, stopping context.Context, msg *consumer.Message, first *consumer.Decision) consumer.Decision {
-	ctx, cancel := context.WithCancel(pctx)
-	defer cancel()
-	f := &flight{cancel: cancel}
-	ctx = context.WithValue(ctx, flightKey{}, f)
-	c.flights.Store(msg, f)
-	defer c.flights.Delete(msg)
-	defer context.AfterFunc(stopping, f.stop)()
-	if first != nil {
-		t := time.NewTimer(first.Delay)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return consumer.Decision{Action: consumer.Stop, Err: context.Cause(ctx)}
-		case <-t.C:
-		}
-	}
-	return c.proc.ProcessWithRetry(ctx, msg)
+func waitUntil(stopping context.Context) func(context.Context, time.Duration) error {
+	return func(_ context.Context, d time.Duration) error { return consumer.Sleep(stopping, d) }
 }
 
 // runConsume pulls with Consume and hands each message to a worker.
@@ -265,14 +245,14 @@ func (c *Consumer) fetchLoop(ctx, pctx context.Context, cons jetstream.Consumer)
 	linger := time.NewTimer(time.Hour)
 	linger.Stop()
 	for ctx.Err() == nil {
-		b, err := cons.Fetch(c.cfg.Batch, jetstream.FetchMaxWait(c.cfg.FetchWait))
+		b, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchMaxWait(c.cfg.FetchWait))
 		if err == nil {
 			// Messages delivered to this request are handled (or, once ctx
 			// ended, Nak'ed) until the request is done: none is abandoned
 			// to wait for AckWait.
 			ch := b.Messages()
 			for {
-				ms := gather(ch, c.cfg.Batch, linger)
+				ms := gather(ch, c.cfg.BatchSize, linger)
 				if len(ms) == 0 {
 					break
 				}
@@ -296,12 +276,7 @@ func (c *Consumer) fetchLoop(ctx, pctx context.Context, cons jetstream.Consumer)
 		}
 		failures++
 		c.log.Warn("justonce natsinbox: fetch", "durable", c.cfg.Durable, "err", err)
-		t := time.NewTimer(backoff.Delay(failures))
-		select {
-		case <-ctx.Done():
-		case <-t.C:
-		}
-		t.Stop()
+		_ = consumer.Sleep(ctx, backoff.Delay(failures))
 	}
 	return nil
 }
@@ -342,20 +317,18 @@ func gather(ch <-chan jetstream.Msg, n int, linger *time.Timer) []jetstream.Msg 
 	return ms
 }
 
-// handleBatch handles ms in one ledger transaction and settles each.
-// stopping ends when the consumer stops.
+// handleBatch handles ms in one ledger transaction and settles each: what
+// is decided at once first, then, one by one and in place, what failed or
+// waits on the database or on another consumer. stopping ends when the
+// consumer stops.
 func (c *Consumer) handleBatch(pctx, stopping context.Context, ms []jetstream.Msg) {
 	msgs := make([]*consumer.Message, len(ms))
-	before := make([]int, len(ms))
 	for i, m := range ms {
 		msgs[i] = c.jsMessage(m)
-		before[i] = msgs[i].Attempt
 	}
 	c.hb.add(ms...)
 	ds := c.proc.ProcessBatch(pctx, msgs)
 	for i, m := range ms {
-		// Settle what is decided at once; retry in place, one by one,
-		// what failed or waits on the database or on another consumer.
 		if ds[i].Action != consumer.Retry {
 			c.hb.remove(m)
 			c.settle(m, msgs[i], ds[i])
@@ -363,10 +336,7 @@ func (c *Consumer) handleBatch(pctx, stopping context.Context, ms []jetstream.Ms
 	}
 	for i, m := range ms {
 		if ds[i].Action == consumer.Retry {
-			if ds[i].Counted && msgs[i].Attempt == before[i] {
-				msgs[i].Attempt++
-			}
-			d := c.processInPlace(pctx, stopping, msgs[i], &ds[i])
+			d := c.proc.Retry(pctx, msgs[i], ds[i], waitUntil(stopping))
 			c.hb.remove(m)
 			c.settle(m, msgs[i], d)
 		}

@@ -28,7 +28,7 @@ func TestRepublishedEventRunsOnce(t *testing.T) {
 	subject := testsvc.Unique("orders")
 	const window = 200 * time.Millisecond
 	stream := e.stream(t, subject, window)
-	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "billing", Handler: fx.insert, Processor: fx.processor("billing")})
+	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "billing", Processor: fx.processor("billing")}, fx.insert)
 	require.NoError(t, err)
 	run(t, c)
 
@@ -82,18 +82,17 @@ func TestSlowHandlerInProgress(t *testing.T) {
 			cfg := Config{
 				Conn: e.nc, Stream: stream, Durable: "slow", Processor: fx.processor(subject),
 				AckWait: ackWait, Concurrency: 2,
-				Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-					if err := fx.insert(ctx, tx, m); err != nil {
-						return err
-					}
-					time.Sleep(ackWait * 5 / 2) // the slow work, inside the transaction
-					return nil
-				},
 			}
 			if !heartbeat {
 				cfg.Heartbeat = -1
 			}
-			c, err := New(cfg)
+			c, err := New(cfg, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+				if err := fx.insert(ctx, tx, m); err != nil {
+					return err
+				}
+				time.Sleep(ackWait * 5 / 2) // the slow work, inside the transaction
+				return nil
+			})
 			require.NoError(t, err)
 			run(t, c)
 			e.publish(t, subject, "slow-1", []byte("x"))
@@ -140,10 +139,10 @@ func TestScopeSharedWithKafka(t *testing.T) {
 		return kafka.ProcessWithRetry(context.Background(), &consumer.Message{
 			Topic: "payments", Key: []byte(id), Value: []byte(id),
 			Headers: []consumer.Header{{Key: "ce_id", Value: []byte(id)}},
-		})
+		}, nil)
 	}
-	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "payments-nats", Handler: fx.insert,
-		Processor: fx.processor(scope), Concurrency: 2})
+	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "payments-nats",
+		Processor: fx.processor(scope), Concurrency: 2}, fx.insert)
 	require.NoError(t, err)
 	run(t, c)
 	id := func(i int) string { return "pay-" + strconv.Itoa(i) }
@@ -215,7 +214,7 @@ func TestInFlightElsewhereWaitsInPlace(t *testing.T) {
 		fx.outcomes[m.ID] = append(fx.outcomes[m.ID], out.Disposition)
 	}
 	const ackWait = time.Second
-	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "held", Handler: fx.insert, Processor: pcfg, AckWait: ackWait})
+	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "held", Processor: pcfg, AckWait: ackWait}, fx.insert)
 	require.NoError(t, err)
 	run(t, c)
 
@@ -274,18 +273,17 @@ func TestPoisonDeadLetteredAfterDeliveries(t *testing.T) {
 	var delivered []uint64 // JetStream delivery count of each poison run, under fx.mu
 	c, err := New(Config{
 		Conn: e.nc, Stream: stream, Durable: "p", Processor: fx.processor("p"), Concurrency: 2,
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			switch m.ID {
-			case "poison":
-				fx.mu.Lock()
-				delivered = append(delivered, numDelivered(m))
-				fx.mu.Unlock()
-				return errors.New("cannot parse\r\npayload")
-			case "schema":
-				return consumer.Permanent(errors.New("unknown schema"))
-			}
-			return fx.insert(ctx, tx, m)
-		},
+	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		switch m.ID {
+		case "poison":
+			fx.mu.Lock()
+			delivered = append(delivered, numDelivered(m))
+			fx.mu.Unlock()
+			return errors.New("cannot parse\r\npayload")
+		case "schema":
+			return consumer.Permanent(errors.New("unknown schema"))
+		}
+		return fx.insert(ctx, tx, m)
 	})
 	require.NoError(t, err)
 	var poisonSeq uint64
@@ -347,13 +345,6 @@ func TestShutdownDrains(t *testing.T) {
 	cfg := Config{
 		Conn: e.nc, Stream: stream, Durable: "d", Processor: fx.processor("d"),
 		AckWait: time.Minute, // a message left unacked would not come back within the test
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			if m.ID == "hold" {
-				close(entered)
-				<-release
-			}
-			return fx.insert(ctx, tx, m)
-		},
 	}
 	for i := 0; i < 5; i++ {
 		e.publish(t, subject, "m-"+strconv.Itoa(i), nil)
@@ -362,7 +353,13 @@ func TestShutdownDrains(t *testing.T) {
 	for i := 5; i < 10; i++ {
 		e.publish(t, subject, "m-"+strconv.Itoa(i), nil)
 	}
-	c, err := New(cfg)
+	c, err := New(cfg, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "hold" {
+			close(entered)
+			<-release
+		}
+		return fx.insert(ctx, tx, m)
+	})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
@@ -375,15 +372,14 @@ func TestShutdownDrains(t *testing.T) {
 	default:
 	}
 	close(release)
-	require.ErrorIs(t, <-done, context.Canceled)
+	require.NoError(t, <-done, "a clean stop returns nil")
 	require.Equal(t, 1, fx.effects(t, "hold"), "in-flight handler finished and committed")
 	require.Equal(t, 6, fx.pg.Count(t, `SELECT count(*) FROM effects`))
 	require.Len(t, fx.outcomesOf("hold"), 1)
 
 	// The rest comes to the next consumer now, not after the minute of
 	// AckWait; nothing runs twice.
-	cfg.Handler = fx.insert
-	c2, err := New(cfg)
+	c2, err := New(cfg, fx.insert)
 	require.NoError(t, err)
 	run(t, c2)
 	testsvc.Eventually(t, 15*time.Second, func() bool {
@@ -412,15 +408,14 @@ func TestCoreQueueGroup(t *testing.T) {
 		c, err := New(Config{
 			ready: ready.Done,
 			Conn:  nc, Subject: subject, Queue: "workers", Processor: fx.processor("core-" + subject), Concurrency: 2,
-			Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-				if m.ID == "poison" {
-					return errors.New("boom")
-				}
-				mu.Lock()
-				byMember[name]++
-				mu.Unlock()
-				return fx.insert(ctx, tx, m)
-			},
+		}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if m.ID == "poison" {
+				return errors.New("boom")
+			}
+			mu.Lock()
+			byMember[name]++
+			mu.Unlock()
+			return fx.insert(ctx, tx, m)
 		})
 		require.NoError(t, err)
 		return c
@@ -472,8 +467,8 @@ func TestCoreDrainHandlesReceived(t *testing.T) {
 	e, fx := newEnv(t), newFixture(t)
 	subject := testsvc.Unique("cored")
 	ready := make(chan struct{})
-	c, err := New(Config{Conn: connect(t, e.url), Subject: subject, Processor: fx.processor("cd"), Handler: fx.insert,
-		ready: func() { close(ready) }})
+	c, err := New(Config{Conn: connect(t, e.url), Subject: subject, Processor: fx.processor("cd"),
+		ready: func() { close(ready) }}, fx.insert)
 	require.NoError(t, err)
 	stop := run(t, c)
 	<-ready
@@ -492,14 +487,13 @@ func TestConfigValidate(t *testing.T) {
 	nc := &nats.Conn{}
 	h := func(context.Context, pgx.Tx, *consumer.Message) error { return nil }
 	ledger := &inbox.Ledger{}
-	ok := Config{Conn: nc, Handler: h, Processor: consumer.Config{Ledger: ledger}, Stream: "S", Durable: "d"}
+	ok := Config{Conn: nc, Processor: consumer.Config{Ledger: ledger}, Stream: "S", Durable: "d"}
 	require.NoError(t, ok.Validate())
-	core := Config{Conn: nc, Handler: h, Processor: consumer.Config{Ledger: ledger}, Subject: "a.b", Queue: "q"}
+	core := Config{Conn: nc, Processor: consumer.Config{Ledger: ledger}, Subject: "a.b", Queue: "q"}
 	require.NoError(t, core.Validate())
 
 	for name, mut := range map[string]func(*Config){
 		"no conn":         func(c *Config) { c.Conn = nil },
-		"no handler":      func(c *Config) { c.Handler = nil },
 		"no ledger":       func(c *Config) { c.Processor.Ledger = nil },
 		"no durable":      func(c *Config) { c.Durable = "" },
 		"dotted durable":  func(c *Config) { c.Durable = "a.b" },
@@ -509,14 +503,18 @@ func TestConfigValidate(t *testing.T) {
 		"bad filter":      func(c *Config) { c.FilterSubjects = []string{"a.>.b"} },
 		"wildcard dlq":    func(c *Config) { c.DeadLetterSubject = "dlq.*" },
 		"heartbeat>=wait": func(c *Config) { c.AckWait, c.Heartbeat = time.Second, time.Second },
-		"negative batch":  func(c *Config) { c.Batch = -1 },
+		"negative batch":  func(c *Config) { c.BatchSize = -1 },
 	} {
 		c := ok
 		mut(&c)
 		require.ErrorIs(t, c.Validate(), inbox.ErrConfig, name)
 	}
+	_, err := New(ok, nil)
+	require.ErrorIs(t, err, inbox.ErrConfig, "no handler")
+	_, err = New(ok, h)
+	require.NoError(t, err)
 	bad := core
-	bad.Batch = 10
+	bad.BatchSize = 10
 	require.ErrorIs(t, bad.Validate(), inbox.ErrConfig, "batch on core")
 	bad = core
 	bad.Subject = "a..b"
@@ -554,8 +552,8 @@ func TestRunRefusesUnsafeSetups(t *testing.T) {
 	_, err := e.js.CreateStream(ctx, jetstream.StreamConfig{Name: "W-" + base, Subjects: []string{base + ".>"}})
 	require.NoError(t, err)
 	newC := func(cfg Config) error {
-		cfg.Conn, cfg.Handler, cfg.Processor = e.nc, fx.insert, fx.processor("x")
-		c, err := New(cfg)
+		cfg.Conn, cfg.Processor = e.nc, fx.processor("x")
+		c, err := New(cfg, fx.insert)
 		require.NoError(t, err)
 		return c.Run(ctx)
 	}
@@ -585,8 +583,8 @@ func TestBatchConcurrentDoubleAck(t *testing.T) {
 	e, fx := newEnv(t), newFixture(t)
 	subject := testsvc.Unique("batch")
 	stream := e.stream(t, subject, 0)
-	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "b", Handler: fx.insert, Processor: fx.processor("b-" + subject),
-		Batch: 10, Concurrency: 2, DoubleAck: true, FetchWait: 200 * time.Millisecond})
+	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "b", Processor: fx.processor("b-" + subject),
+		BatchSize: 10, Concurrency: 2, DoubleAck: true, FetchWait: 200 * time.Millisecond}, fx.insert)
 	require.NoError(t, err)
 	for i := 0; i < 200; i++ {
 		e.publish(t, subject, "b-"+strconv.Itoa(i), nil)

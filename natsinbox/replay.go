@@ -122,7 +122,9 @@ func (s *ReplaySource) Next(ctx context.Context) (*consumer.Message, error) {
 
 // Replay re-reads a stream through p's handler (see consumer.Processor.Replay):
 // events the ledger has done are skipped, only the missing ones run; with
-// opts.DryRun it only counts.
+// opts.DryRun it only counts. Configure p as the live Consumer's Processor
+// (same Scope, and ID = DefaultID unless the live one sets another), so
+// that the replay finds the IDs the live consumer recorded.
 func Replay(ctx context.Context, cfg ReplayConfig, p *consumer.Processor, opts consumer.ReplayOptions) (consumer.ReplayReport, error) {
 	src, err := NewReplaySource(ctx, cfg)
 	if err != nil {

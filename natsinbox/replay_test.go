@@ -22,7 +22,7 @@ func TestReplayRunsOnlyWhatIsMissing(t *testing.T) {
 		e.publish(t, subject, fmt.Sprintf("e-%d", i), []byte("v"))
 	}
 	// The live durable processes the first 60, then stops.
-	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "live", Handler: fx.insert, Processor: fx.processor("orders")})
+	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "live", Processor: fx.processor("orders")}, fx.insert)
 	require.NoError(t, err)
 	stop := run(t, c)
 	testsvc.Eventually(t, 30*time.Second, func() bool { return fx.pg.Count(t, `SELECT count(*) FROM effects`) == 60 }, "live consumer done")
@@ -32,7 +32,9 @@ func TestReplayRunsOnlyWhatIsMissing(t *testing.T) {
 	}
 	before := e.consumerInfo(t, stream, "live")
 
-	p, err := consumer.New(fx.processor("orders"), fx.insert)
+	pc := fx.processor("orders")
+	pc.ID = DefaultID // as the live consumer: the front's default
+	p, err := consumer.New(pc, fx.insert)
 	require.NoError(t, err)
 	cfg := ReplayConfig{Conn: e.nc, Stream: stream, FetchWait: 500 * time.Millisecond}
 	ctx := context.Background()

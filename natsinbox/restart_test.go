@@ -128,26 +128,25 @@ func TestNATSServerKilledFileStore(t *testing.T) {
 	entered := make(chan struct{}, 16)
 	release := make(chan struct{})
 	c, err := New(Config{Conn: nc, Stream: stream, Durable: "rs", Processor: fx.processor(subject),
-		Concurrency: 4, AckWait: 2 * time.Second,
-		Handler: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			if err := fx.insert(ctx, tx, m); err != nil {
-				return err
+		Concurrency: 4, AckWait: 2 * time.Second}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := fx.insert(ctx, tx, m); err != nil {
+			return err
+		}
+		if armed.Load() {
+			inFlight.Add(1)
+			defer inFlight.Add(-1)
+			select {
+			case entered <- struct{}{}:
+			default:
 			}
-			if armed.Load() {
-				inFlight.Add(1)
-				defer inFlight.Add(-1)
-				select {
-				case entered <- struct{}{}:
-				default:
-				}
-				select {
-				case <-release:
-				case <-ctx.Done():
-					return ctx.Err()
-				}
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
 			}
-			return nil
-		}})
+		}
+		return nil
+	})
 	require.NoError(t, err)
 	run(t, c)
 

@@ -50,8 +50,9 @@ type Options struct {
 	Config consumer.Config
 	// Handler to run.
 	Handler consumer.Handler
-	// Batch > 0 runs batch mode with up to this many messages a batch.
-	Batch int
+	// BatchSize > 0 runs batch mode with up to this many messages a batch
+	// (the front's Config.BatchSize).
+	BatchSize int
 }
 
 // Harness adapts one transport to the suite.
@@ -77,6 +78,37 @@ type Features struct {
 	// SharedGroup: two consumers may share one group (Kafka consumer
 	// group, JetStream durable).
 	SharedGroup bool
+}
+
+// Start runs c, a front's Consumer, until the returned stop is called or
+// the test ends. stop cancels Run's context and checks the shutdown
+// contract every front keeps: Run returns nil, within a minute. exited is
+// closed when Run returns, also before stop (a Run that could not start).
+func Start(t testing.TB, c interface{ Run(context.Context) error }) (stop func(), exited <-chan struct{}) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	var err error
+	go func() {
+		defer close(done)
+		err = c.Run(ctx)
+	}()
+	var once sync.Once
+	stop = func() {
+		once.Do(func() {
+			cancel()
+			select {
+			case <-done:
+				if err != nil {
+					t.Errorf("Run: %v", err)
+				}
+			case <-time.After(time.Minute):
+				t.Errorf("Run did not return within a minute of its context ending")
+			}
+		})
+	}
+	t.Cleanup(stop)
+	return stop, done
 }
 
 // Run runs the suite.
@@ -170,7 +202,7 @@ func testDuplicates(t *testing.T, h Harness, batch int) {
 	h.Publish(t, topic, again)
 
 	opts := fx.options("dups-"+topic, fx.insert)
-	opts.Batch = batch
+	opts.BatchSize = batch
 	stop := h.Start(t, topic, "g-"+topic, opts)
 	testsvc.Eventually(t, 60*time.Second, func() bool { return fx.seen.Load() >= unique+dups },
 		"all %d deliveries answered (got %d)", unique+dups, fx.seen.Load())
@@ -197,7 +229,7 @@ func testPoison(t *testing.T, h Harness, batch int) {
 		}
 		return fx.insert(ctx, tx, m)
 	})
-	opts.Batch = batch
+	opts.BatchSize = batch
 	stop := h.Start(t, topic, "g-"+topic, opts)
 	testsvc.Eventually(t, 60*time.Second, func() bool {
 		return fx.pg.Count(t, `SELECT count(*) FROM effects`) >= len(msgs) && len(h.DeadLetters(t, topic)) >= 1
@@ -372,7 +404,7 @@ func testSwallowed(t *testing.T, h Harness, batch int) {
 		}
 		return fx.insert(ctx, tx, m)
 	})
-	opts.Batch = batch
+	opts.BatchSize = batch
 	stop := h.Start(t, topic, "g-"+topic, opts)
 	want := len(good) + len(once)
 	testsvc.Eventually(t, 60*time.Second, func() bool {
@@ -414,7 +446,7 @@ func testDeferred(t *testing.T, h Harness, batch int) {
 		_, err := tx.Exec(ctx, `INSERT INTO child VALUES ('no such parent')`) // checked at COMMIT
 		return err
 	})
-	opts.Batch = batch
+	opts.BatchSize = batch
 	stop := h.Start(t, topic, "g-"+topic, opts)
 	testsvc.Eventually(t, 60*time.Second, func() bool {
 		return fx.pg.Count(t, `SELECT count(*) FROM effects`) >= len(good) && len(h.DeadLetters(t, topic)) >= 1

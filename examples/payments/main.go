@@ -193,8 +193,8 @@ func run(ctx context.Context) error {
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: "PAYMENTS", Subjects: []string{"payments"}, Duplicates: 100 * time.Millisecond}); err != nil {
 		return err
 	}
-	natsC, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: "PAYMENTS", Durable: "payments", Handler: handler("nats"),
-		Processor: consumer.Config{Ledger: ledger, Scope: scope, Hooks: hooks("nats")}})
+	natsC, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: "PAYMENTS", Durable: "payments",
+		Processor: consumer.Config{Ledger: ledger, Scope: scope, Hooks: hooks("nats")}}, handler("nats"))
 	if err != nil {
 		return err
 	}
@@ -204,7 +204,12 @@ func run(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for _, c := range []interface{ Run(context.Context) error }{kc, natsC} {
 		wg.Add(1)
-		go func() { defer wg.Done(); _ = c.Run(runCtx) }()
+		go func() {
+			defer wg.Done()
+			if err := c.Run(runCtx); err != nil { // nil after a clean stop
+				log.Print(err)
+			}
+		}()
 	}
 
 	fmt.Printf("one payment command, key %s, sent 3× over Kafka, 3× over NATS, 4× over HTTP (2 at once)\n\n", inbox.Mask(key))

@@ -146,43 +146,36 @@ func worker(args []string) int {
 	r := &reporter{}
 	pc := processorConfig(l, r)
 	h := hostileHandler(*transport, *every, *slowFor, func(s string) { r.report("hostile:" + s) })
+	// Both fronts have the same shape: New(cfg, h), then Run, which
+	// returns nil after a clean stop.
+	var c interface{ Run(context.Context) error }
 	switch *transport {
 	case "kafka":
-		c, err := kafkainbox.New(kafkainbox.Config{
+		c, err = kafkainbox.New(kafkainbox.Config{
 			Brokers: strings.Split(*brokers, ","), Topic: *topic, GroupID: "chaos-" + *topic,
 			Processor: pc, BatchSize: *batch, CommitInterval: 200 * time.Millisecond,
 		}, h)
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "worker:", err)
-			return 1
-		}
-		err = c.Run(ctx)
-		if err != nil && ctx.Err() == nil {
-			fmt.Fprintln(os.Stderr, "worker kafka:", err)
-			return 1
-		}
 	case "nats":
-		nc, err := nats.Connect(*natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+		nc, cerr := nats.Connect(*natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
 			nats.RetryOnFailedConnect(true))
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "worker:", err)
+		if cerr != nil {
+			fmt.Fprintln(os.Stderr, "worker:", cerr)
 			return 1
 		}
 		defer nc.Close()
-		c, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: *stream, Durable: "chaos", Handler: h,
-			Processor: pc, AckWait: 5 * time.Second, Batch: *batch})
-		if err != nil {
-			fmt.Fprintln(os.Stderr, "worker:", err)
-			return 1
-		}
-		err = c.Run(ctx)
-		if err != nil && ctx.Err() == nil {
-			fmt.Fprintln(os.Stderr, "worker nats:", err)
-			return 1
-		}
+		c, err = natsinbox.New(natsinbox.Config{Conn: nc, Stream: *stream, Durable: "chaos",
+			Processor: pc, AckWait: 5 * time.Second, BatchSize: *batch}, h)
 	default:
 		fmt.Fprintln(os.Stderr, "worker: -transport kafka|nats")
 		return 2
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "worker:", err)
+		return 1
+	}
+	if err := c.Run(ctx); err != nil {
+		fmt.Fprintf(os.Stderr, "worker %s: %v\n", *transport, err)
+		return 1
 	}
 	return 0
 }
