@@ -71,39 +71,23 @@
 // group and commits nothing.
 //
 // Transactional producers: kafka-go v0.4.51 hands out transaction markers
-// (the COMMIT and ABORT control records) as messages, whatever the
-// IsolationLevel, and gives no way to tell them from records. A fetched
-// message that has a marker's shape (no headers, a 4-byte key with version
-// 0 and type 0 or 1) is therefore looked up: the Consumer fetches the
-// record batch holding that offset from the partition leader and skips the
-// message only if the batch is a control batch. Its offset is committed
-// like any other. A plain record of the same shape runs, or without an
-// event ID follows the no-ID rule above; records that do not look like
-// markers cost nothing extra. Records of aborted transactions are delivered
-// by kafka-go and run like any other, so do not consume topics whose
-// producers abort transactions unless running those records is acceptable.
+// (COMMIT and ABORT control records) as messages. A message with a
+// marker's shape (no headers, a 4-byte key of version 0 and type 0 or 1) is
+// looked up in the partition leader's record batch and skipped only if
+// that batch is a control batch; a plain record of the same shape runs.
+// Records of aborted transactions are delivered by kafka-go and run like
+// any other: do not consume topics whose producers abort transactions
+// unless that is acceptable.
 //
-// Restarts and the group session: the Consumer gives kafka-go a session
-// timeout of 10 s (DefaultSessionTimeout; kafka-go's default is 30 s), a
-// 1 s heartbeat and a 1 s join backoff. A member that dies without leaving
-// the group (SIGKILL, a crash, a lost host) keeps its partitions until its
-// session times out, and a restarted process joins only then: with these
-// defaults a killed consumer, restarted at once, consumes again about 10 s
-// after the kill. The price of a shorter session is that a live member that
-// stops heartbeating for longer (a long GC or stop-the-world pause, a
-// network blip, an overloaded host) is dropped and the group rebalances;
-// that is safe (the ledger answers Duplicate for what the old owner
-// finished) but costs a pause. Adjust SessionTimeout, RebalanceTimeout and
-// HeartbeatInterval with Config.Reader; the brokers accept session timeouts
-// between group.min.session.timeout.ms (default 6 s) and
-// group.max.session.timeout.ms.
-//
-// Rebalances: kafka-go gives no revocation callback, so a member may still
-// finish messages of a partition that has just moved to another member, and
-// its offset commit for that partition may fail or land late. Neither loses
-// nor doubles anything: the new owner starts from the last committed offset,
-// and the ledger answers Duplicate (or InFlight, retried) for what the old
-// owner ran. During that short overlap two members may run neighbouring
-// messages of one partition at the same time: order within a partition is
-// kept per member, not across a rebalance.
+// Restarts and rebalances: the Consumer gives kafka-go a session timeout
+// of 10 s (DefaultSessionTimeout; kafka-go's is 30 s), a 1 s heartbeat and
+// a 1 s join backoff, so a killed member's partitions, and a restarted
+// process, consume again about 10 s after the kill; a live member silent
+// for longer (a long pause) is dropped and the group rebalances. Adjust
+// the timings with Config.Reader. kafka-go gives no revocation callback,
+// so a member may finish messages of a partition that has just moved, and
+// its commit may fail or land late: neither loses nor doubles anything
+// (the ledger answers Duplicate or InFlight for what the old owner ran),
+// but order within a partition is kept per member, not across a
+// rebalance.
 package kafkainbox
