@@ -93,7 +93,7 @@ func TestBatchModeGuarantees(t *testing.T) {
 	require.Greater(t, longest, 10, "messages ran in shared transactions (batches)")
 	require.GreaterOrEqual(t, fx.dups.Load(), int64(dups), "duplicates answered")
 
-	dl := readAll(t, brokers, topic+kafkainbox.DefaultDeadLetterSuffix)
+	dl := readAll(t, brokers, topic+kafkainbox.DeadLetterSuffix)
 	require.Len(t, dl, len(poison))
 	for _, d := range dl {
 		h := map[string]string{}

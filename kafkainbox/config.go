@@ -55,9 +55,9 @@ const (
 	// the group (kafka-go's default: 5 s).
 	DefaultJoinGroupBackoff = time.Second
 
-	// DefaultDeadLetterSuffix is appended to the topic to name the
-	// dead-letter topic.
-	DefaultDeadLetterSuffix = ".dlq"
+	// DeadLetterSuffix is appended to the topic to name the dead-letter
+	// topic when Config.DeadLetterTopic is empty.
+	DeadLetterSuffix = ".dlq"
 )
 
 // Config configures a Consumer. Brokers, Topic, GroupID and Processor.Ledger
@@ -185,7 +185,7 @@ func (c Config) deadLetterTopic() string {
 	if c.DeadLetterTopic != "" {
 		return c.DeadLetterTopic
 	}
-	return c.Topic + DefaultDeadLetterSuffix
+	return c.Topic + DeadLetterSuffix
 }
 
 // withDefaults returns c with every default applied (Processor's own

@@ -44,7 +44,7 @@ func (h *harness) Start(t *testing.T, topic, group string, opts consumertest.Opt
 
 func (h *harness) DeadLetters(t *testing.T, topic string) []consumertest.DeadLetter {
 	var out []consumertest.DeadLetter
-	for _, m := range readAll(t, h.brokers, topic+kafkainbox.DefaultDeadLetterSuffix) {
+	for _, m := range readAll(t, h.brokers, topic+kafkainbox.DeadLetterSuffix) {
 		dl := consumertest.DeadLetter{Value: m.Value, Headers: map[string]string{}}
 		for _, hd := range m.Headers {
 			dl.Headers[hd.Key] = string(hd.Value)

@@ -37,7 +37,7 @@ func newTopic(t testing.TB, brokers []string, partitions int) string {
 	name := testsvc.Unique("jo")
 	createTopics(t, brokers,
 		kafka.TopicConfig{Topic: name, NumPartitions: partitions, ReplicationFactor: 1},
-		kafka.TopicConfig{Topic: name + kafkainbox.DefaultDeadLetterSuffix, NumPartitions: 1, ReplicationFactor: 1})
+		kafka.TopicConfig{Topic: name + kafkainbox.DeadLetterSuffix, NumPartitions: 1, ReplicationFactor: 1})
 	return name
 }
 

@@ -146,7 +146,7 @@ func TestTransactionMarkersSkippedLookAlikesNot(t *testing.T) {
 			stop()
 			fx.assertExactlyOnce(t, 8)
 
-			dl := readAll(t, brokers, topic+kafkainbox.DefaultDeadLetterSuffix)
+			dl := readAll(t, brokers, topic+kafkainbox.DeadLetterSuffix)
 			if allowNoID {
 				require.EqualValues(t, 1, noID.Load(), "the look-alike ran without dedupe")
 				require.Empty(t, dl, "nothing dead-lettered: markers skipped, the look-alike ran")

@@ -76,7 +76,7 @@ func TestPoisonMessageDeadLetteredAndPartitionFlows(t *testing.T) {
 		if fx.effects(t) < 40 {
 			return false
 		}
-		dl = readAll(t, brokers, topic+kafkainbox.DefaultDeadLetterSuffix)
+		dl = readAll(t, brokers, topic+kafkainbox.DeadLetterSuffix)
 		return len(dl) >= 1
 	}, "good messages run and the poison is dead-lettered")
 	stop()

@@ -116,7 +116,7 @@ func TestRetryingMessageDoesNotStallOtherPartitions(t *testing.T) {
 	rec, err := fx.ledger.Lookup(context.Background(), inbox.Key{Scope: group, ID: "poison"})
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusFailed, rec.Status)
-	dl := readAll(t, brokers, topic+kafkainbox.DefaultDeadLetterSuffix)
+	dl := readAll(t, brokers, topic+kafkainbox.DeadLetterSuffix)
 	require.Len(t, dl, 1)
 	h := map[string]string{}
 	for _, hd := range dl[0].Headers {

@@ -145,7 +145,7 @@ func benchBare(b *testing.B, e *env, pool *pgxpool.Pool, n, concurrency int) tim
 	}
 	b.StartTimer()
 	start := time.Now()
-	cc, err := cons.Consume(func(m jetstream.Msg) { jobs <- m }, jetstream.PullMaxMessages(DefaultPrefetch))
+	cc, err := cons.Consume(func(m jetstream.Msg) { jobs <- m }, jetstream.PullMaxMessages(DefaultMaxBuffered))
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -15,7 +15,7 @@ import (
 // Defaults applied by New to zero Config fields.
 const (
 	DefaultAckWait         = 30 * time.Second // Config.AckWait (the server's default too)
-	DefaultPrefetch        = 64               // Config.Prefetch
+	DefaultMaxBuffered     = 64               // Config.MaxBuffered
 	DefaultFetchWait       = time.Second      // Config.FetchWait
 	DefaultShutdownTimeout = 30 * time.Second // Config.ShutdownTimeout
 	DefaultAckTimeout      = 5 * time.Second  // Config.AckTimeout
@@ -70,11 +70,11 @@ type Config struct {
 	// Heartbeat is how often a running handler's message is marked
 	// InProgress. Default a third of AckWait; negative disables it.
 	Heartbeat time.Duration
-	// Prefetch is how many messages Consume pulls ahead of the workers
-	// (jetstream.PullMaxMessages). Default 64. Pulled messages waiting for
-	// a worker are not heartbeated: keep Prefetch × handler time /
-	// Concurrency well under AckWait.
-	Prefetch int
+	// MaxBuffered is how many pulled messages may wait for a worker: how
+	// many Consume pulls ahead (jetstream.PullMaxMessages). Default 64.
+	// Messages waiting for a worker are not kept InProgress: keep
+	// MaxBuffered × handler time / Concurrency well under AckWait.
+	MaxBuffered int
 	// BatchSize > 0 turns on batch mode: messages are pulled with Fetch,
 	// BatchSize at most a request, and up to BatchSize of them are handled
 	// in one transaction (consumer.Processor.ProcessBatch): one claim
@@ -127,8 +127,8 @@ func (c Config) withDefaults() Config {
 	if c.AckTimeout <= 0 {
 		c.AckTimeout = DefaultAckTimeout
 	}
-	if c.Prefetch <= 0 {
-		c.Prefetch = DefaultPrefetch
+	if c.MaxBuffered <= 0 {
+		c.MaxBuffered = DefaultMaxBuffered
 	}
 	if c.FetchWait <= 0 {
 		c.FetchWait = DefaultFetchWait
@@ -209,8 +209,8 @@ func (c Config) Validate() error {
 	if c.BatchSize < 0 {
 		bad("BatchSize is negative")
 	}
-	if c.Concurrency < 0 || c.Prefetch < 0 || c.MaxAckPending < 0 {
-		bad("Concurrency, Prefetch and MaxAckPending may not be negative")
+	if c.Concurrency < 0 || c.MaxBuffered < 0 || c.MaxAckPending < 0 {
+		bad("Concurrency, MaxBuffered and MaxAckPending may not be negative")
 	}
 	if c.DeadLetterSubject != "" && !validSubject(c.DeadLetterSubject, false) {
 		bad("DeadLetterSubject: invalid subject %q (no wildcards)", c.DeadLetterSubject)

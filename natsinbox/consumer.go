@@ -72,6 +72,13 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	return c, nil
 }
 
+// Config returns the configuration with defaults applied.
+func (c *Consumer) Config() Config {
+	cfg := c.cfg
+	cfg.Processor = c.proc.Config()
+	return cfg
+}
+
 // Run consumes until ctx ends, then shuts down as every front does (see
 // the consumer package, "Fronts"): it stops pulling, lets the attempts in
 // flight finish (up to Config.ShutdownTimeout), acks them, Naks what was

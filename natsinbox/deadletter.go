@@ -25,7 +25,7 @@ func (c *Consumer) deadLetterSubject(subject string) string {
 	return subject + DeadLetterSuffix
 }
 
-// publishDeadLetter is the default consumer.DeadLetterFunc: it publishes m
+// publishDeadLetter is the default Processor.DeadLetter: it publishes m
 // with the consumer.DeadLetterHeaders, confirmed by JetStream (JetStream
 // mode) or flushed to the server (core mode). An error makes the runtime
 // retry the message instead of acking it.

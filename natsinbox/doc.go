@@ -57,7 +57,7 @@
 // to process may run up to MaxAttempts times in each, never fewer. A
 // handler cancelled by Config.ShutdownTimeout does not count.
 //
-// Keep Config.Prefetch times the handler's duration, divided by
+// Keep Config.MaxBuffered times the handler's duration, divided by
 // Config.Concurrency, well under AckWait: pulled messages waiting for a
 // worker are not kept InProgress (a redelivered copy is answered by the
 // ledger rather than run twice).

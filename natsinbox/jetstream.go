@@ -172,7 +172,7 @@ func (c *Consumer) runConsume(ctx, pctx context.Context, startDrain func(), cons
 			_ = m.Nak()
 		}
 	},
-		jetstream.PullMaxMessages(c.cfg.Prefetch),
+		jetstream.PullMaxMessages(c.cfg.MaxBuffered),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
 			if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrBadRequest) ||
 				errors.Is(err, jetstream.ErrConnectionClosed) {

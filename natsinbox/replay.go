@@ -132,3 +132,22 @@ func Replay(ctx context.Context, cfg ReplayConfig, p *consumer.Processor, opts c
 	}
 	return p.Replay(ctx, src, opts)
 }
+
+// Replay re-reads the Consumer's stream through its handler and runtime
+// configuration: events the ledger has done are skipped, only the missing
+// ones run (with the usual retries and dead-lettering). cfg.Conn,
+// cfg.Stream and cfg.FilterSubjects default to the Consumer's. With
+// opts.DryRun it only counts what would run. It touches no durable, so it
+// may run beside Run, before or after it.
+func (c *Consumer) Replay(ctx context.Context, cfg ReplayConfig, opts consumer.ReplayOptions) (consumer.ReplayReport, error) {
+	if cfg.Conn == nil {
+		cfg.Conn = c.cfg.Conn
+	}
+	if cfg.Stream == "" {
+		cfg.Stream = c.cfg.Stream
+	}
+	if cfg.FilterSubjects == nil {
+		cfg.FilterSubjects = c.cfg.FilterSubjects
+	}
+	return Replay(ctx, cfg, c.proc, opts)
+}

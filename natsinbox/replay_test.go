@@ -45,6 +45,11 @@ func TestReplayRunsOnlyWhatIsMissing(t *testing.T) {
 	require.EqualValues(t, 60, dry.Total.Skipped)
 	require.EqualValues(t, 40, dry.Total.Ran)
 	require.Equal(t, 60, fx.pg.Count(t, `SELECT count(*) FROM effects`), "a dry run changes nothing")
+	// The Consumer's own Replay: its stream, its handler, its ID and scope.
+	viaConsumer, err := c.Replay(ctx, ReplayConfig{FetchWait: 500 * time.Millisecond}, consumer.ReplayOptions{DryRun: true})
+	require.NoError(t, err)
+	require.Equal(t, dry.Total.Skipped, viaConsumer.Total.Skipped)
+	require.Equal(t, dry.Total.Ran, viaConsumer.Total.Ran)
 
 	// The end is where the stream stood when the replay began.
 	src, err := NewReplaySource(ctx, cfg)

@@ -367,7 +367,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 		if err := kafkaadmin.CreateTopic(brokers[0], topic, 4); err != nil {
 			return sum, fmt.Errorf("kafka topic: %w", err)
 		}
-		dlq := topic + kafkainbox.DefaultDeadLetterSuffix
+		dlq := topic + kafkainbox.DeadLetterSuffix
 		if err := kafkaadmin.CreateTopic(brokers[0], dlq, 1); err != nil {
 			return sum, fmt.Errorf("kafka dead-letter topic: %w", err)
 		}
