@@ -74,7 +74,8 @@ type Config struct {
 	// Processor configures the exactly-once runtime. Ledger is required.
 	// Defaults set here: Scope = GroupID, ID = DefaultID,
 	// Source = Source ("kafka"), DeadLetter = publish to DeadLetterTopic.
-	// Its Logger also receives this package's and kafka-go's warnings.
+	// The ledger's logger (inbox.Config.Logger) also receives this
+	// package's and kafka-go's warnings.
 	Processor consumer.Config
 
 	// DeadLetterTopic receives the messages that failed for good, with

@@ -32,10 +32,12 @@ type Config struct {
 	// Conn is the NATS connection. Required. Run neither drains nor closes
 	// it: the caller owns it.
 	Conn *nats.Conn
-	// Processor configures the runtime; Processor.Ledger is required.
-	// Defaults: Scope is Durable (JetStream) or Queue, else Subject (core);
-	// ID is DefaultID (Nats-Msg-Id first); Source is
-	// Source ("nats"); DeadLetter publishes to the dead-letter subject.
+	// Processor configures the exactly-once runtime. Ledger is required.
+	// Defaults set here: Scope = Durable (JetStream) or Queue, else
+	// Subject (core), ID = DefaultID (Nats-Msg-Id first),
+	// Source = Source ("nats"), DeadLetter = publish to the dead-letter
+	// subject. The ledger's logger (inbox.Config.Logger) also receives this
+	// package's warnings.
 	Processor consumer.Config
 
 	// Stream is the JetStream stream to consume (JetStream mode).
