@@ -33,7 +33,7 @@ bench: services-up
 	bash scripts/bench.sh
 
 demo: services-up
-	$(GO) run ./examples/payments
+	set -a && . ./.services.env && set +a && $(GO) run ./examples/payments
 
 # fuzz: the fuzz targets of what parses untrusted input, 30 s each.
 fuzz:

@@ -19,6 +19,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -35,8 +36,6 @@ import (
 	"github.com/justonce/justonce/httpbridge"
 	"github.com/justonce/justonce/httpretry"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/kafkaadmin"
-	"github.com/justonce/justonce/internal/svcenv"
 	"github.com/justonce/justonce/kafkainbox"
 	"github.com/justonce/justonce/migrations"
 	"github.com/justonce/justonce/natsinbox"
@@ -54,9 +53,6 @@ func main() {
 
 func env(name, def string) string {
 	if v := os.Getenv(name); v != "" {
-		return v
-	}
-	if v := svcenv.Get(name); v != "" {
 		return v
 	}
 	return def
@@ -158,7 +154,7 @@ func run(ctx context.Context) error {
 	// Kafka: a topic of the demo's own, a consumer group in the shared scope.
 	brokers := []string{env("JUSTONCE_TEST_KAFKA_BROKERS", "127.0.0.1:59092")}
 	topic := "payments-" + randHex(4)
-	if err := kafkaadmin.CreateTopic(brokers[0], topic, 1); err != nil {
+	if err := createTopic(brokers[0], topic); err != nil {
 		return fmt.Errorf("kafka (is it up? `make services-up`): %w", err)
 	}
 	kc, err := kafkainbox.New(kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: "payments-demo-" + randHex(3),
@@ -280,4 +276,24 @@ func run(ctx context.Context) error {
 		return fmt.Errorf("expected exactly one payment, got %d", n)
 	}
 	return nil
+}
+
+// createTopic creates a one-partition topic through the cluster's
+// controller (kafka-go's Conn.CreateTopics must talk to the controller).
+func createTopic(broker, topic string) error {
+	conn, err := kafka.Dial("tcp", broker)
+	if err != nil {
+		return err
+	}
+	defer conn.Close()
+	ctrl, err := conn.Controller()
+	if err != nil {
+		return err
+	}
+	cc, err := kafka.Dial("tcp", net.JoinHostPort(ctrl.Host, strconv.Itoa(ctrl.Port)))
+	if err != nil {
+		return err
+	}
+	defer cc.Close()
+	return cc.CreateTopics(kafka.TopicConfig{Topic: topic, NumPartitions: 1, ReplicationFactor: 1})
 }

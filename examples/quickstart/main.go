@@ -19,7 +19,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/svcenv"
 	"github.com/justonce/justonce/migrations"
 )
 
@@ -35,8 +34,9 @@ func databaseURL() string {
 	if u := os.Getenv("DATABASE_URL"); u != "" {
 		return u
 	}
-	// The address `make services-up` wrote to .services.env.
-	if u := svcenv.Get("JUSTONCE_TEST_POSTGRES_URL"); u != "" {
+	// The address `make services-up` wrote to .services.env (make demo
+	// exports it).
+	if u := os.Getenv("JUSTONCE_TEST_POSTGRES_URL"); u != "" {
 		return u
 	}
 	return "postgres://postgres@127.0.0.1:55432/postgres?sslmode=disable"

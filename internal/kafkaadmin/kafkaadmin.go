@@ -1,4 +1,4 @@
-// Package kafkaadmin holds the Kafka administration the tools and examples
+// Package kafkaadmin holds the Kafka administration the tools and tests
 // need: creating a topic through the cluster's controller.
 package kafkaadmin
 
