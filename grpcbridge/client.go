@@ -70,7 +70,8 @@ func DefaultRetry(c codes.Code) bool {
 //
 //	conn, err := grpc.NewClient(addr, grpc.WithUnaryInterceptor(grpcbridge.UnaryClientInterceptor(grpcbridge.ClientConfig{})))
 //
-// A key the caller set (in the field or the metadata) is kept.
+// A key the caller set (in the field or the metadata) is kept; a request
+// with a key in metadata is not changed.
 func UnaryClientInterceptor(cfg ClientConfig) grpc.UnaryClientInterceptor {
 	cfg.MetadataKey = or(cfg.MetadataKey, DefaultMetadataKey)
 	cfg.FirstSentKey = or(cfg.FirstSentKey, DefaultFirstSentKey)
@@ -124,6 +125,10 @@ func UnaryClientInterceptor(cfg ClientConfig) grpc.UnaryClientInterceptor {
 // copy, or else in the outgoing metadata.
 func (cfg *ClientConfig) withKey(ctx context.Context, req any) (any, context.Context) {
 	now := time.Now().UTC()
+	md, _ := metadata.FromOutgoingContext(ctx)
+	if len(md.Get(cfg.MetadataKey)) > 0 {
+		return req, ctx // the caller gave the key in metadata
+	}
 	if msg, ok := req.(proto.Message); ok {
 		fd := msg.ProtoReflect().Descriptor().Fields().ByName(protoreflect.Name(cfg.Field))
 		if fd != nil && !fd.IsList() && !fd.IsMap() {
@@ -142,11 +147,7 @@ func (cfg *ClientConfig) withKey(ctx context.Context, req any) (any, context.Con
 			}
 		}
 	}
-	md, _ := metadata.FromOutgoingContext(ctx)
-	if len(md.Get(cfg.MetadataKey)) == 0 {
-		ctx = metadata.AppendToOutgoingContext(ctx, cfg.MetadataKey, cfg.NewKey(), cfg.FirstSentKey, now.Format(time.RFC3339Nano))
-	}
-	return req, ctx
+	return req, metadata.AppendToOutgoingContext(ctx, cfg.MetadataKey, cfg.NewKey(), cfg.FirstSentKey, now.Format(time.RFC3339Nano))
 }
 
 // aepKey returns a func that fills an empty IdempotencyKey field (key and

@@ -197,6 +197,10 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 		switch {
 		case pv != nil:
 			return inbox.Result{}, errPanicked
+		case !m.Store(status.Code(herr)) && isPlain(herr):
+			// The ledger tells a failure of the store (its connection
+			// died) from the handler's own (returned as is).
+			return inbox.Result{}, herr
 		case !m.Store(status.Code(herr)):
 			return inbox.Result{}, errNotStored
 		}
@@ -212,6 +216,10 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 		b.log.Error("justonce/grpcbridge: handler panicked; rolled back, key released",
 			"key", r.Key.String(), "panic", fmt.Sprint(pv.value), "stack", string(pv.stack))
 		panic(pv.value)
+	case err != nil && isPlain(herr) && errors.Is(err, herr) && !inbox.IsTransient(err):
+		b.log.Debug("justonce/grpcbridge: handler failed, rolled back", "key", r.Key.String(), "err", herr)
+		b.flush(ctx, bs)
+		return resp, herr
 	case errors.Is(err, errNotStored):
 		b.log.Debug("justonce/grpcbridge: status not stored, rolled back", "key", r.Key.String(), "code", status.Code(herr).String())
 		b.flush(ctx, bs)
@@ -226,6 +234,15 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 		return resp, herr
 	}
 	return b.answer(ctx, r, ck, out)
+}
+
+// isPlain reports a handler's error that is not a gRPC status.
+func isPlain(herr error) bool {
+	if herr == nil {
+		return false
+	}
+	_, ok := status.FromError(herr)
+	return !ok
 }
 
 // run calls the handler and catches its panic.
@@ -365,7 +382,12 @@ func (b *Bridge) serveKeyless(ctx context.Context, req any, full string, m *meth
 		b.log.Error("justonce/grpcbridge: handler panicked; rolled back", "method", full, "panic", fmt.Sprint(pv.value))
 		panic(pv.value)
 	case !m.Store(status.Code(herr)):
+		closed := tx.Conn().IsClosed()
 		rollback()
+		if isPlain(herr) && (closed || inbox.IsTransient(herr)) {
+			// The handler's statement met the store's failure.
+			return nil, b.failure(r, &inbox.StoreError{Op: "handler", Err: herr})
+		}
 	default:
 		if err := tx.Commit(ctx); err != nil {
 			rollback()
