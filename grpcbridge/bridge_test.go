@@ -412,5 +412,3 @@ func TestConfigValidate(t *testing.T) {
 		"/justonce.grpctest.v1.Orders/*": {Scope: "s"}, getOrder: {Off: true}}})
 	require.NoError(t, err)
 }
-
-
