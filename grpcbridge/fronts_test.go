@@ -1,0 +1,126 @@
+package grpcbridge_test
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/stretchr/testify/require"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/grpcbridge"
+	"github.com/justonce/justonce/httpbridge"
+	"github.com/justonce/justonce/internal/grpctest/testpb"
+	"github.com/justonce/justonce/kafkainbox"
+)
+
+// One ledger across fronts: an RPC with key K, an HTTP request with key K
+// (no principal) and a Kafka consumer's event with ID K, in the same
+// scope, run once between them, whichever comes first.
+func TestOneLedgerAcrossFronts(t *testing.T) {
+	const scope = "payments"
+	e := setup(t, envOpts{cfg: grpcbridge.Config{Methods: map[string]grpcbridge.MethodConfig{
+		createOrder: {Scope: scope}}}})
+	ctx := ctxT(t)
+
+	// HTTP: the same business effect, in the bridge's transaction.
+	hb, err := httpbridge.New(httpbridge.Config{Ledger: e.ledger})
+	require.NoError(t, err)
+	var httpRuns int
+	route := hb.Route(httpbridge.RouteConfig{Scope: scope})
+	srv := httptest.NewServer(route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		httpRuns++
+		_, err := httpbridge.Tx(r.Context()).Exec(r.Context(), `INSERT INTO orders (item, quantity) VALUES ('http', 1)`)
+		if err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+	post := func(key string) int {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{"amount":1}`))
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("Idempotency-Key", key)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+
+	// Kafka: the consumer runtime as kafkainbox runs it for each message.
+	var kafkaRuns int
+	p, err := consumer.New(consumer.Config{Ledger: e.ledger, Scope: scope, Source: kafkainbox.Source},
+		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			kafkaRuns++
+			_, err := tx.Exec(ctx, `INSERT INTO orders (item, quantity) VALUES ('kafka', 1)`)
+			return err
+		})
+	require.NoError(t, err)
+	consume := func(id string) consumer.Decision {
+		return p.ProcessWithRetry(ctx, &consumer.Message{ID: id, Topic: "payments", Value: []byte(`{"amount":1}`)}, nil)
+	}
+
+	rpc := func(key string) (*testpb.Order, metadata.MD, error) {
+		var hdr metadata.MD
+		o, err := e.client.CreateOrder(withKey(ctx, key), &testpb.CreateOrderRequest{Item: "grpc", Quantity: 1}, grpc.Header(&hdr))
+		return o, hdr, err
+	}
+	processedBy := func(err error, source string) {
+		t.Helper()
+		require.Equal(t, codes.AlreadyExists, status.Code(err), err)
+		ei, ok := detail[*errdetails.ErrorInfo](err)
+		require.True(t, ok)
+		require.Equal(t, "ALREADY_PROCESSED", ei.GetReason())
+		require.Equal(t, source, ei.GetMetadata()["source"])
+	}
+
+	// gRPC first.
+	_, _, err = rpc("K1")
+	require.NoError(t, err)
+	require.NotEqual(t, http.StatusCreated, post("K1"), "HTTP does not run a key gRPC ran")
+	require.Equal(t, consumer.Ack, consume("K1").Action)
+
+	// HTTP first.
+	require.Equal(t, http.StatusCreated, post("K2"))
+	_, hdr, err := rpc("K2")
+	processedBy(err, "http")
+	require.Equal(t, []string{"true"}, hdr.Get("idempotent-replayed"))
+	require.Equal(t, consumer.Ack, consume("K2").Action)
+
+	// Kafka first.
+	require.Equal(t, consumer.Ack, consume("K3").Action)
+	_, _, err = rpc("K3")
+	processedBy(err, string(kafkainbox.Source))
+	require.Equal(t, http.StatusOK, post("K3"), "HTTP answers its documented default for a consumer's key")
+
+	require.Equal(t, 3, e.orders(t), "one effect per key")
+	require.EqualValues(t, 1, e.svc.runs.Load())
+	require.Equal(t, 1, httpRuns)
+	require.Equal(t, 1, kafkaRuns)
+	for _, k := range []string{"K1", "K2", "K3"} {
+		_, _, err := rpc(k)
+		if k == "K1" {
+			require.NoError(t, err, "gRPC replays its own")
+		} else {
+			require.Equal(t, codes.AlreadyExists, status.Code(err), fmt.Sprint(k))
+		}
+	}
+}
+
+// The principal-isolated ID is the HTTP bridge's, so that one principal's
+// key dedupes across the two fronts.
+func TestPrincipalKeyIDMatchesHTTP(t *testing.T) {
+	require.Equal(t, httpbridge.PrincipalKeyID("k", "alice"), grpcbridge.PrincipalKeyID("k", "alice"))
+}
