@@ -193,7 +193,7 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 	var herr error
 	var pv *panicked
 	out, err := b.cfg.Ledger.Do(hctx, r, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
-		resp, herr, pv = run(context.WithValue(ctx, txKey, tx), req, handler)
+		resp, pv, herr = run(context.WithValue(ctx, txKey, tx), req, handler)
 		switch {
 		case pv != nil:
 			return inbox.Result{}, errPanicked
@@ -246,14 +246,14 @@ func isPlain(herr error) bool {
 }
 
 // run calls the handler and catches its panic.
-func run(ctx context.Context, req any, handler grpc.UnaryHandler) (resp any, err error, p *panicked) {
+func run(ctx context.Context, req any, handler grpc.UnaryHandler) (resp any, p *panicked, err error) {
 	defer func() {
 		if v := recover(); v != nil {
 			p = &panicked{value: v, stack: debug.Stack()}
 		}
 	}()
 	resp, err = handler(ctx, req)
-	return resp, err, nil
+	return resp, nil, err
 }
 
 // flush sends the metadata the handler set, now that the outcome is known.
@@ -375,7 +375,7 @@ func (b *Bridge) serveKeyless(ctx context.Context, req any, full string, m *meth
 	}
 	bs := &bufferedStream{method: full}
 	hctx := grpc.NewContextWithServerTransportStream(context.WithValue(ctx, txKey, pgx.Tx(keylessTx{tx})), bs)
-	resp, herr, pv := run(hctx, req, handler)
+	resp, pv, herr := run(hctx, req, handler)
 	switch {
 	case pv != nil:
 		rollback()
