@@ -89,6 +89,7 @@ func TestOneLedgerAcrossFronts(t *testing.T) {
 	// gRPC first.
 	_, _, err = rpc("K1")
 	require.NoError(t, err)
+	// HTTP sees a fingerprint of another kind (422 key-reused) and does not run it.
 	require.NotEqual(t, http.StatusCreated, post("K1"), "HTTP does not run a key gRPC ran")
 	require.Equal(t, consumer.Ack, consume("K1").Action)
 
