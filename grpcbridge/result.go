@@ -21,9 +21,8 @@ import (
 	"github.com/justonce/justonce/inbox"
 )
 
-// How a gRPC answer is kept in an inbox.Result. Code stays 0 so that the
-// HTTP bridge, finding such a row, answers its documented default for a
-// key another path ran instead of taking a gRPC code for an HTTP status.
+// How a gRPC answer is kept in an inbox.Result. Code stays 0 so that no
+// other front ever takes a gRPC code for an HTTP status.
 const (
 	resStatus    = ":grpc-status"     // the code, in decimal: marks a gRPC row
 	resType      = ":grpc-type"       // the response message's full name (OK)
