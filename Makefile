@@ -39,6 +39,8 @@ demo: services-up
 fuzz:
 	$(GO) test -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 30s ./httpbridge
 	$(GO) test -run '^$$' -fuzz '^FuzzCanonicalJSON$$' -fuzztime 30s ./internal/fingerprint
+	$(GO) test -run '^$$' -fuzz '^FuzzParseKey$$' -fuzztime 30s ./grpcbridge
+	$(GO) test -run '^$$' -fuzz '^FuzzParseFirstSent$$' -fuzztime 30s ./grpcbridge
 
 # generate: regenerate the committed protobuf code of the gRPC test service
 # (CI does not need protoc). Needs Debian's protobuf-compiler; the plugins are

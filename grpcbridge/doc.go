@@ -124,10 +124,10 @@
 // tenant) share keys. A key first run by another front is not run again:
 // the call gets AlreadyExists (ALREADY_PROCESSED, with the source in the
 // ErrorInfo metadata), as there is no gRPC response to replay. The HTTP
-// bridge, finding a key run over gRPC, sees a fingerprint of another kind
-// and answers 422 (key-reused) without running it; consumers answer it as
-// a duplicate. With Config.Principal, keys
-// are isolated per principal as in the HTTP bridge, under the same ledger
+// bridge, finding a key run over gRPC, answers as for a key a consumer ran
+// (200, already_processed, with the source) without running it; consumers
+// answer it as a duplicate. With Config.Principal, keys are isolated per
+// principal as in the HTTP bridge, under the same ledger
 // ID (PrincipalKeyID); a method whose keys are shared with a consumer sets
 // PrincipalShared.
 //

@@ -504,6 +504,13 @@ func (s *settings) answer(w http.ResponseWriter, req inbox.Request, out inbox.Ou
 			"a request with this key is being processed; retry after Retry-After with the same key",
 			"Retry-After", s.retryAfter)
 	case inbox.Mismatch:
+		if rec := out.Record; rec != nil && rec.Source != "" && rec.Source != Source {
+			// Another front (gRPC, say) ran this key with a fingerprint of
+			// its own kind, which never equals an HTTP one: the operation
+			// is done, answered as a consumer's would be.
+			s.replay(w, req, inbox.Outcome{Disposition: inbox.Duplicate, Record: rec})
+			return
+		}
 		s.log.Info("justonce/httpbridge: key reused with another request", "key", req.Key.String())
 		writeProblem(w, ProblemKeyReused, http.StatusUnprocessableEntity,
 			"this key was used with a different request (method, path, body or headers); use a new key for a new request")

@@ -20,6 +20,7 @@ import (
 	"net/http"
 	"os"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,8 +32,15 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/grpcbridge"
 	"github.com/justonce/justonce/httpbridge"
 	"github.com/justonce/justonce/httpretry"
 	"github.com/justonce/justonce/inbox"
@@ -41,7 +49,36 @@ import (
 	"github.com/justonce/justonce/natsinbox"
 )
 
-const scope = "payments" // shared by the HTTP route and both consumers
+const scope = "payments" // shared by the HTTP route, the gRPC method and both consumers
+
+// paymentsService is demo.Payments, written by hand so that the demo needs
+// no generated code: Pay takes the order ID and answers the payment ID, in
+// the gRPC bridge's transaction.
+var paymentsService = grpc.ServiceDesc{
+	ServiceName: "demo.Payments",
+	HandlerType: (*any)(nil),
+	Methods: []grpc.MethodDesc{{
+		MethodName: "Pay",
+		Handler: func(_ any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
+			in := new(wrapperspb.StringValue)
+			if err := dec(in); err != nil {
+				return nil, err
+			}
+			h := func(ctx context.Context, _ any) (any, error) {
+				key, _ := grpcbridge.Key(ctx)
+				id, err := pay(ctx, grpcbridge.Tx(ctx), key, "grpc")
+				if err != nil {
+					return nil, status.Error(codes.Unavailable, err.Error()) // released: rolled back, key free
+				}
+				return wrapperspb.String(id), nil
+			}
+			if icpt == nil {
+				return h(ctx, in)
+			}
+			return icpt(ctx, in, &grpc.UnaryServerInfo{FullMethod: "/demo.Payments/Pay"}, h)
+		},
+	}},
+}
 
 func main() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
@@ -151,6 +188,27 @@ func run(ctx context.Context) error {
 	go func() { _ = srv.Serve(ln) }()
 	defer srv.Close()
 
+	// gRPC: demo.Payments/Pay behind the gRPC bridge, in the same scope.
+	gbridge, err := grpcbridge.New(grpcbridge.Config{Ledger: ledger,
+		Methods: map[string]grpcbridge.MethodConfig{"/demo.Payments/Pay": {Scope: scope, Required: true}}})
+	if err != nil {
+		return err
+	}
+	gsrv := grpc.NewServer(grpc.UnaryInterceptor(gbridge.UnaryServerInterceptor()))
+	gsrv.RegisterService(&paymentsService, nil)
+	gln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return err
+	}
+	go func() { _ = gsrv.Serve(gln) }()
+	defer gsrv.Stop()
+	gconn, err := grpc.NewClient(gln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUnaryInterceptor(grpcbridge.UnaryClientInterceptor(grpcbridge.ClientConfig{})))
+	if err != nil {
+		return err
+	}
+	defer gconn.Close()
+
 	// Kafka: a topic of the demo's own, a consumer group in the shared scope.
 	brokers := []string{env("JUSTONCE_TEST_KAFKA_BROKERS", "127.0.0.1:59092")}
 	topic := "payments-" + randHex(4)
@@ -208,7 +266,7 @@ func run(ctx context.Context) error {
 		}()
 	}
 
-	fmt.Printf("one payment command, key %s, sent 3× over Kafka, 3× over NATS, 4× over HTTP (2 at once)\n\n", inbox.Mask(key))
+	fmt.Printf("one payment command, key %s, sent 3× over Kafka, 3× over NATS, 4× over HTTP (2 at once), 2× over gRPC\n\n", inbox.Mask(key))
 	// 1. Kafka, three times (a producer retrying).
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Topic: topic, BatchTimeout: 5 * time.Millisecond, RequiredAcks: kafka.RequireAll}
 	defer w.Close()
@@ -251,6 +309,14 @@ func run(ctx context.Context) error {
 	hw.Wait()
 	post(3)
 	post(4)
+	// 4. gRPC, twice, with the same key in metadata.
+	for i := 1; i <= 2; i++ {
+		var hdr metadata.MD
+		out := new(wrapperspb.StringValue)
+		err := gconn.Invoke(metadata.AppendToOutgoingContext(ctx, "idempotency-key", key), "/demo.Payments/Pay",
+			wrapperspb.String("order-42"), out, grpc.Header(&hdr))
+		logf("grpc  call %d -> %s replayed=%q %s", i, status.Code(err), strings.Join(hdr.Get("idempotent-replayed"), ""), out.GetValue())
+	}
 
 	// Wait until all six broker deliveries were answered.
 	for deadline := time.Now().Add(60 * time.Second); answered.Load() < 6; time.Sleep(20 * time.Millisecond) {
@@ -271,7 +337,7 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\n10 deliveries over 3 paths -> %d payment (made via %s); ledger: status=%s source=%s\n", n, via, rec.Status, rec.Source)
+	fmt.Printf("\n12 deliveries over 4 paths -> %d payment (made via %s); ledger: status=%s source=%s\n", n, via, rec.Status, rec.Source)
 	if n != 1 {
 		return fmt.Errorf("expected exactly one payment, got %d", n)
 	}
