@@ -27,8 +27,29 @@ var ErrJanitorBusy = errors.New("justonce/inbox: another janitor is purging this
 // holds and rows whose lease still runs. Only one instance purges a ledger
 // at a time: when another holds the janitor lock Purge returns
 // ErrJanitorBusy.
+//
+// On the time-bucket layout (migrations.LayoutTimeBuckets) Purge deletes no
+// rows: it creates the buckets ahead, and detaches and drops each bucket
+// whose rows have all expired and hold no running lease; it returns the
+// rows those buckets held, as Postgres estimates them. The detach waits for
+// transactions still using the table, without blocking claims. Claims fail
+// once time runs past the buckets ahead, so the janitor must run more often
+// than every BucketsAhead × BucketWidth.
 func (l *Ledger) Purge(ctx context.Context, cfg JanitorConfig) (deleted int64, err error) {
 	cfg.setDefaults()
+	if err := l.store.detect(ctx, l.pool); err != nil {
+		return 0, storeErr("purge", err)
+	}
+	if l.store.buckets {
+		n, locked, err := l.store.maintainBuckets(ctx, l)
+		if err != nil {
+			return n, storeErr("purge", err)
+		}
+		if !locked {
+			return 0, ErrJanitorBusy
+		}
+		return n, nil
+	}
 	for {
 		n, locked, err := l.store.purge(ctx, l.pool, cfg.BatchSize)
 		if err != nil {

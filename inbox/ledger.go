@@ -221,6 +221,9 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 	}
 	defer pc.Release() // a connection left inside a transaction is destroyed, not reused
 	conn := pc.Conn()
+	if err := l.store.detect(ctx, conn); err != nil { // the layout, at first use
+		return Outcome{}, storeErr("claim", err)
+	}
 
 	// BEGIN travels with the claim: one round trip.
 	var c claimedScan
@@ -505,6 +508,9 @@ func (l *Ledger) DoBatch(ctx context.Context, reqs []Request, fn BatchFunc) ([]O
 	}
 	defer pc.Release()
 	conn := pc.Conn()
+	if err := l.store.detect(ctx, conn); err != nil { // the layout, at first use
+		return nil, storeErr("claim", err)
+	}
 
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"hash/fnv"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -16,8 +18,15 @@ import (
 // it in verbs (claim, complete, renew, ...); another backend would implement
 // the same verbs.
 type pgStore struct {
-	table string // quoted, schema-qualified when a schema is configured
-	seq   string // quoted fencing sequence
+	schema string
+	table  string // quoted, schema-qualified when a schema is configured
+	seq    string // quoted fencing sequence
+
+	// The layout is detected at first use (detect); buckets is set for
+	// the time-bucket layout, whose claim and failure statements differ.
+	mu      sync.Mutex
+	ready   atomic.Bool
+	buckets bool
 
 	claimSQL, claimOneSQL, lookupSQL, completeSQL         string
 	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
@@ -39,7 +48,7 @@ func newPGStore(schema string) *pgStore {
 		}
 		return pgx.Identifier{schema, name}.Sanitize()
 	}
-	s := &pgStore{table: ident("processed_events"), seq: ident("processed_events_fencing_seq")}
+	s := &pgStore{schema: schema, table: ident("processed_events"), seq: ident("processed_events_fencing_seq")}
 	// {OID} mixes the table's identity into advisory lock keys, so that
 	// ledgers in different schemas of one database never contend.
 	oid := "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
@@ -214,6 +223,9 @@ type claimRow struct {
 // claimOne claims one key on q: the claimed row, or (not claimed) the
 // existing row found by a second statement.
 func (s *pgStore) claimOne(ctx context.Context, q querier, req Request, ttl time.Duration, lease time.Duration, owner string) (claimRow, error) {
+	if err := s.detect(ctx, q); err != nil {
+		return claimRow{}, err
+	}
 	var c claimedScan
 	err := q.QueryRow(ctx, s.claimOneSQL, claimOneArgs(req, ttl, lease, owner)...).Scan(c.dest()...)
 	if err == nil {
@@ -379,6 +391,15 @@ func (s *pgStore) release(ctx context.Context, q querier, k Key) (bool, error) {
 }
 
 func (s *pgStore) fail(ctx context.Context, q querier, r Request, attempts int, msg string, ttl time.Duration) (bool, error) {
+	if err := s.detect(ctx, q); err != nil {
+		return false, err
+	}
+	if s.buckets {
+		var ok bool
+		err := q.QueryRow(ctx, s.failSQL, r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal,
+			attempts, msg, ttl.Microseconds(), lockKey(r.Key)).Scan(&ok)
+		return ok, err
+	}
 	tag, err := q.Exec(ctx, s.failSQL, r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal, attempts, msg, ttl.Microseconds())
 	return tag.RowsAffected() == 1, err
 }
@@ -465,6 +486,9 @@ func (s *pgStore) known(ctx context.Context, q querier, keys []Key) ([]Status, e
 // savepoint is rolled back, which also releases the key's advisory lock,
 // and the row is looked up.
 func (s *pgStore) claimInSavepoint(ctx context.Context, tx pgx.Tx, req Request, ttl time.Duration) (claimRow, error) {
+	if err := s.detect(ctx, tx); err != nil {
+		return claimRow{}, err
+	}
 	var c claimedScan
 	claimed := false
 	b := &pgx.Batch{}

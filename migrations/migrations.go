@@ -23,6 +23,7 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -50,12 +51,26 @@ type Config struct {
 	// Schema to migrate. Empty means the connection's current schema
 	// (the first entry of its search_path). It is created if missing.
 	Schema string
+	// Layout of processed_events. LayoutTimeBuckets converts a plain
+	// table (copying its live rows) when Up reaches the latest version;
+	// once converted, a schema stays so (Down, then Up, to go back).
+	Layout Layout
+	// MaxTTL is the longest TTL a time-bucket ledger accepts. Default 24h.
+	MaxTTL time.Duration
+	// BucketWidth is the time span of one bucket. Default MaxTTL/4: a claim
+	// checks MaxTTL/BucketWidth+1 buckets, and the table's size swings by
+	// one bucket around its mean.
+	BucketWidth time.Duration
+	// BucketsAhead is how many buckets past the current one exist at any
+	// time (the janitor keeps them). Default 2.
+	BucketsAhead int
 }
 
 // Migrator applies the embedded migrations to one schema.
 type Migrator struct {
 	pool       *pgxpool.Pool
 	schema     string
+	cfg        Config
 	migrations []Migration
 }
 
@@ -81,7 +96,7 @@ func New(pool *pgxpool.Pool, cfg Config) *Migrator {
 		// The files are embedded at build time and checked by tests.
 		panic(err)
 	}
-	return &Migrator{pool: pool, schema: cfg.Schema, migrations: ms}
+	return &Migrator{pool: pool, schema: cfg.Schema, cfg: cfg, migrations: ms}
 }
 
 var fileRe = regexp.MustCompile(`^(\d+)_([a-z0-9_]+)\.(up|down)\.sql$`)
@@ -146,8 +161,13 @@ func (m *Migrator) Migrate(ctx context.Context, target int) (Result, error) {
 	if target != 0 && m.find(target) < 0 {
 		return Result{}, fmt.Errorf("%w: target %d", ErrUnknownVersion, target)
 	}
+	if m.cfg.Layout == LayoutTimeBuckets {
+		if err := m.cfg.bucketDefaults(); err != nil {
+			return Result{}, err
+		}
+	}
 	var res Result
-	err := m.inLockedTx(ctx, func(tx pgx.Tx) error {
+	err := m.inLockedTx(ctx, func(tx pgx.Tx, schema string) error {
 		applied, err := appliedVersions(ctx, tx)
 		if err != nil {
 			return err
@@ -168,6 +188,11 @@ func (m *Migrator) Migrate(ctx context.Context, target int) (Result, error) {
 					return err
 				}
 				res.Applied = append(res.Applied, mig.Version)
+			}
+			if target == m.Latest() {
+				if err := m.applyLayout(ctx, tx, schema); err != nil {
+					return err
+				}
 			}
 		} else {
 			for i := len(m.migrations) - 1; i >= 0; i-- {
@@ -196,7 +221,7 @@ func (m *Migrator) Migrate(ctx context.Context, target int) (Result, error) {
 // Status reports the applied version and the pending ones.
 func (m *Migrator) Status(ctx context.Context) (Status, error) {
 	var st Status
-	err := m.inLockedTx(ctx, func(tx pgx.Tx) error {
+	err := m.inLockedTx(ctx, func(tx pgx.Tx, _ string) error {
 		applied, err := appliedVersions(ctx, tx)
 		if err != nil {
 			return err
@@ -224,7 +249,7 @@ func (m *Migrator) find(v int) int {
 
 // inLockedTx runs fn in a transaction that holds the schema's migration
 // advisory lock and has search_path set to the schema.
-func (m *Migrator) inLockedTx(ctx context.Context, fn func(pgx.Tx) error) error {
+func (m *Migrator) inLockedTx(ctx context.Context, fn func(tx pgx.Tx, schema string) error) error {
 	return pgx.BeginFunc(ctx, m.pool, func(tx pgx.Tx) error {
 		schema := m.schema
 		if schema == "" {
@@ -248,7 +273,7 @@ func (m *Migrator) inLockedTx(ctx context.Context, fn func(pgx.Tx) error) error 
 			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
 			return fmt.Errorf("justonce/migrations: version table: %w", err)
 		}
-		return fn(tx)
+		return fn(tx, schema)
 	})
 }
 

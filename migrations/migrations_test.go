@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/stretchr/testify/require"
 
@@ -93,4 +94,31 @@ func TestFilesArePlainAndPaired(t *testing.T) {
 		require.Equal(t, i+1, m.Version, "versions are consecutive")
 		require.NotContains(t, m.Up, "{{", "no templating: golang-migrate users take the files as they are")
 	}
+}
+
+func TestTimeBucketLayout(t *testing.T) {
+	t.Parallel()
+	pg := testsvc.Postgres(t, testsvc.NoMigrate())
+	ctx := context.Background()
+	cfg := migrations.Config{Schema: pg.Schema, Layout: migrations.LayoutTimeBuckets, MaxTTL: time.Hour, BucketWidth: 15 * time.Minute}
+	_, err := migrations.New(pg.Pool, cfg).Up(ctx)
+	require.NoError(t, err)
+	var kind string
+	var parts int
+	require.NoError(t, pg.Pool.QueryRow(ctx, `SELECT relkind::text, (SELECT count(*) FROM pg_inherits WHERE inhparent = c.oid)
+		FROM pg_class c WHERE c.oid = 'processed_events'::regclass`).Scan(&kind, &parts))
+	require.Equal(t, "p", kind)
+	require.Equal(t, 1+migrations.DefaultBucketsAhead, parts, "the current bucket and the ones ahead")
+
+	// Bad settings are refused before anything runs.
+	bad := cfg
+	bad.BucketWidth = 1500 * time.Millisecond
+	_, err = migrations.New(pg.Pool, bad).Up(ctx)
+	require.Error(t, err)
+	_, err = migrations.New(pg.Pool, migrations.Config{Schema: pg.Schema, Layout: "sharded"}).Up(ctx)
+	require.Error(t, err)
+
+	_, err = migrations.New(pg.Pool, cfg).Down(ctx)
+	require.NoError(t, err)
+	require.False(t, tableExists(t, pg, pg.Schema))
 }

@@ -1,0 +1,521 @@
+package inbox_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/stretchr/testify/require"
+
+	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/migrations"
+)
+
+// layouts are the table layouts every test here runs on. The time-bucket
+// one uses buckets of 2 s and a MaxTTL of 10 s (the ledgers' default TTL),
+// so that buckets turn over while a test runs.
+var layouts = []struct {
+	name string
+	cfg  migrations.Config
+}{
+	{"plain", migrations.Config{}},
+	{"buckets", migrations.Config{Layout: migrations.LayoutTimeBuckets, BucketWidth: 2 * time.Second, MaxTTL: 10 * time.Second}},
+}
+
+// setupLayout is setup on a schema migrated with mc.
+func setupLayout(t *testing.T, mc migrations.Config, cfg inbox.Config, opts ...testsvc.PGOption) *bundle {
+	t.Helper()
+	pg := testsvc.Postgres(t, append(opts, testsvc.NoMigrate())...)
+	mc.Schema = pg.Schema
+	if cfg.DefaultTTL == 0 && mc.MaxTTL != 0 {
+		cfg.DefaultTTL = mc.MaxTTL
+	}
+	_, err := migrations.New(pg.Pool, mc).Up(context.Background())
+	require.NoError(t, err)
+	pg.Exec(t, `CREATE TABLE payments (id text PRIMARY KEY, amount int NOT NULL)`)
+	l, err := inbox.New(pg.Pool, cfg)
+	require.NoError(t, err)
+	return &bundle{pg: pg, ledger: l}
+}
+
+func forLayouts(t *testing.T, f func(t *testing.T, mc migrations.Config)) {
+	for _, lay := range layouts {
+		t.Run(lay.name, func(t *testing.T) {
+			t.Parallel()
+			f(t, lay.cfg)
+		})
+	}
+}
+
+func noop(context.Context, pgx.Tx) (inbox.Result, error) { return inbox.Result{}, nil }
+
+func TestLayoutsDuplicatesAndStoredResults(t *testing.T) {
+	t.Parallel()
+	forLayouts(t, func(t *testing.T, mc migrations.Config) {
+		b := setupLayout(t, mc, inbox.Config{})
+		ctx := context.Background()
+		var ran atomic.Int64
+		for i := 0; i < 3; i++ {
+			out, err := b.ledger.Do(ctx, req("orders", "evt-1"), pay("p1", &ran))
+			require.NoError(t, err)
+			if i == 0 {
+				require.Equal(t, inbox.Executed, out.Disposition)
+				continue
+			}
+			require.Equal(t, inbox.Duplicate, out.Disposition)
+			require.Equal(t, 201, out.Result.Code)
+			require.Equal(t, `{"id":"p1"}`, string(out.Result.Body))
+		}
+		require.EqualValues(t, 1, ran.Load())
+
+		// DoTx and DoBatch see the same key, and each other's.
+		tx, err := b.pg.Pool.Begin(ctx)
+		require.NoError(t, err)
+		out, err := b.ledger.DoTx(ctx, tx, req("orders", "evt-1"), pay("p1", &ran))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Duplicate, out.Disposition)
+		out, err = b.ledger.DoTx(ctx, tx, req("orders", "evt-2"), pay("p2", &ran))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Executed, out.Disposition)
+		require.NoError(t, tx.Commit(ctx))
+
+		reqs := []inbox.Request{req("orders", "evt-1"), req("orders", "evt-2"), req("orders", "evt-3"), req("orders", "evt-3")}
+		outs, err := b.ledger.DoBatch(ctx, reqs, func(ctx context.Context, tx pgx.Tx, fresh []int) ([]inbox.Result, error) {
+			require.Equal(t, []int{2}, fresh)
+			return []inbox.Result{{Code: 202}}, nil
+		})
+		require.NoError(t, err)
+		require.Equal(t, inbox.Duplicate, outs[0].Disposition)
+		require.Equal(t, 201, outs[0].Result.Code)
+		require.Equal(t, inbox.Duplicate, outs[1].Disposition)
+		require.Equal(t, inbox.Executed, outs[2].Disposition)
+		require.Equal(t, inbox.Duplicate, outs[3].Disposition)
+		st, err := b.ledger.Known(ctx, []inbox.Key{{Scope: "orders", ID: "evt-3"}, {Scope: "orders", ID: "nope"}})
+		require.NoError(t, err)
+		require.Equal(t, []inbox.Status{inbox.StatusDone, ""}, st)
+		require.Equal(t, 2, b.pg.Count(t, `SELECT count(*) FROM payments`))
+	})
+}
+
+func TestLayoutsConcurrentRacersRunOnce(t *testing.T) {
+	t.Parallel()
+	forLayouts(t, func(t *testing.T, mc migrations.Config) {
+		b := setupLayout(t, mc, inbox.Config{}, testsvc.MaxConns(20))
+		ctx := context.Background()
+		// Several keys, each raced by 25 callers mixing Do, DoBatch and
+		// leases, some while buckets turn over.
+		for k := 0; k < 4; k++ {
+			id := fmt.Sprintf("evt-%d", k)
+			var ran atomic.Int64
+			var inflight atomic.Int64
+			var wg sync.WaitGroup
+			start := make(chan struct{})
+			for i := 0; i < 25; i++ {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					<-start
+					var d inbox.Disposition
+					var err error
+					switch i % 3 {
+					case 0:
+						var out inbox.Outcome
+						out, err = b.ledger.Do(ctx, req("orders", id), func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+							time.Sleep(20 * time.Millisecond)
+							return pay(id, &ran)(ctx, tx)
+						})
+						d = out.Disposition
+					case 1:
+						var outs []inbox.Outcome
+						outs, err = b.ledger.DoBatch(ctx, []inbox.Request{req("orders", id)}, func(ctx context.Context, tx pgx.Tx, _ []int) ([]inbox.Result, error) {
+							time.Sleep(20 * time.Millisecond)
+							_, err := pay(id, &ran)(ctx, tx)
+							return nil, err
+						})
+						if err == nil {
+							d = outs[0].Disposition
+						}
+					default:
+						var out inbox.Outcome
+						out, err = b.ledger.DoLeased(ctx, req("orders", id), time.Minute, func(context.Context, int64) (inbox.Result, error) {
+							time.Sleep(20 * time.Millisecond)
+							_, err := b.pg.Pool.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ($1, 1)`, id)
+							ran.Add(1)
+							return inbox.Result{}, err
+						})
+						d = out.Disposition
+					}
+					if err != nil {
+						t.Error(err)
+					}
+					if d == inbox.InFlight {
+						inflight.Add(1)
+					}
+				}()
+			}
+			close(start)
+			wg.Wait()
+			require.EqualValues(t, 1, ran.Load(), "key %s runs once", id)
+			require.Positive(t, inflight.Load(), "the racers met the key in flight")
+		}
+		require.Equal(t, 4, b.pg.Count(t, `SELECT count(*) FROM payments`))
+	})
+}
+
+func TestLayoutsExpiryLeaseReleaseFailure(t *testing.T) {
+	t.Parallel()
+	forLayouts(t, func(t *testing.T, mc migrations.Config) {
+		b := setupLayout(t, mc, inbox.Config{})
+		ctx := context.Background()
+
+		// Expiry: the key is new again, attempts start over.
+		r := req("orders", "short")
+		r.TTL = 300 * time.Millisecond
+		var ran atomic.Int64
+		_, err := b.ledger.Do(ctx, r, pay("p1", &ran))
+		require.NoError(t, err)
+		out, err := b.ledger.Do(ctx, r, pay("p1", &ran))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Duplicate, out.Disposition)
+		testsvc.Eventually(t, 5*time.Second, func() bool {
+			_, err := b.ledger.Lookup(ctx, r.Key)
+			return errors.Is(err, inbox.ErrNotFound)
+		}, "row expires")
+		out, err = b.ledger.Do(ctx, r, pay("p2", &ran))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Executed, out.Disposition)
+		rec, err := b.ledger.Lookup(ctx, r.Key)
+		require.NoError(t, err)
+		require.Equal(t, 1, rec.Attempts)
+		require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'short'`), "one row per key")
+
+		// Lease takeover with fencing.
+		lr := req("payments", "charge-1")
+		lr.Fingerprint = []byte("fp")
+		l1, _, err := b.ledger.AcquireLease(ctx, lr, 300*time.Millisecond)
+		require.NoError(t, err)
+		require.NotNil(t, l1)
+		_, o, err := b.ledger.AcquireLease(ctx, lr, time.Second)
+		require.NoError(t, err)
+		require.Equal(t, inbox.InFlight, o.Disposition)
+		var l3 *inbox.Lease
+		testsvc.Eventually(t, 5*time.Second, func() bool {
+			l3, _, err = b.ledger.AcquireLease(ctx, lr, time.Second)
+			require.NoError(t, err)
+			return l3 != nil
+		}, "lease taken over")
+		require.Greater(t, l3.Token(), l1.Token())
+		require.ErrorIs(t, l1.Complete(ctx, inbox.Result{Code: 200}), inbox.ErrLeaseLost)
+		require.NoError(t, l3.Complete(ctx, inbox.Result{Code: 201, Body: []byte("charged")}))
+		rec, err = b.ledger.Lookup(ctx, lr.Key)
+		require.NoError(t, err)
+		require.Equal(t, 2, rec.Attempts)
+		require.Equal(t, inbox.StatusDone, rec.Status)
+
+		// Release, then record failure; a done key stays done.
+		ok, err := b.ledger.Release(ctx, lr.Key)
+		require.NoError(t, err)
+		require.True(t, ok)
+		out, err = b.ledger.Do(ctx, lr, pay("p3", nil))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Executed, out.Disposition)
+		ok, err = b.ledger.RecordFailure(ctx, req("orders", "poison"), 5, errors.New("bad payload"))
+		require.NoError(t, err)
+		require.True(t, ok)
+		out, err = b.ledger.Do(ctx, req("orders", "poison"), pay("x", nil))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Duplicate, out.Disposition)
+		require.Equal(t, inbox.StatusFailed, out.Record.Status)
+		require.Equal(t, 5, out.Record.Attempts)
+		ok, err = b.ledger.RecordFailure(ctx, lr, 1, errors.New("late"))
+		require.NoError(t, err)
+		require.False(t, ok)
+	})
+}
+
+func TestLayoutsJanitor(t *testing.T) {
+	t.Parallel()
+	forLayouts(t, func(t *testing.T, mc migrations.Config) {
+		if mc.Layout != migrations.LayoutPlain { // buckets that go quickly
+			mc.BucketWidth, mc.MaxTTL = time.Second, 2*time.Second
+		}
+		b := setupLayout(t, mc, inbox.Config{DefaultTTL: 2 * time.Second})
+		ctx := context.Background()
+		for i := 0; i < 20; i++ {
+			r := req("j", fmt.Sprintf("old-%d", i))
+			r.TTL = 100 * time.Millisecond
+			_, err := b.ledger.Do(ctx, r, noop)
+			require.NoError(t, err)
+		}
+		// Another instance holds the janitor lock: this one does nothing.
+		tx, err := b.pg.Pool.Begin(ctx)
+		require.NoError(t, err)
+		lockSQL, lockKey := b.ledger.JanitorLockSQL()
+		_, err = tx.Exec(ctx, lockSQL, lockKey)
+		require.NoError(t, err)
+		_, err = b.ledger.Purge(ctx, inbox.JanitorConfig{})
+		require.ErrorIs(t, err, inbox.ErrJanitorBusy)
+		require.NoError(t, tx.Rollback(ctx))
+
+		// Keep claiming fresh keys while purging until the old rows are
+		// gone: the new keys stay, every old key is new again.
+		i := 0
+		testsvc.Eventually(t, 15*time.Second, func() bool {
+			i++
+			_, err := b.ledger.Do(ctx, req("j", fmt.Sprintf("new-%d", i)), noop)
+			require.NoError(t, err)
+			_, err = b.ledger.Purge(ctx, inbox.JanitorConfig{})
+			require.NoError(t, err)
+			return b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id LIKE 'old-%'`) == 0
+		}, "old rows purged")
+		out, err := b.ledger.Do(ctx, req("j", fmt.Sprintf("new-%d", i)), noop)
+		require.NoError(t, err)
+		require.Equal(t, inbox.Duplicate, out.Disposition, "the newest key survives the purge")
+	})
+}
+
+// bucketsLedger is a time-bucket ledger with buckets of width and MaxTTL,
+// and 8 buckets ahead (tests that wait for a bucket to be due do not run
+// the janitor meanwhile).
+func bucketsLedger(t *testing.T, width, maxTTL time.Duration, opts ...testsvc.PGOption) *bundle {
+	return setupLayout(t, migrations.Config{Layout: migrations.LayoutTimeBuckets, BucketWidth: width, MaxTTL: maxTTL, BucketsAhead: 8},
+		inbox.Config{DefaultTTL: maxTTL}, opts...)
+}
+
+func buckets(t *testing.T, b *bundle) int {
+	return b.pg.Count(t, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_events'::regclass`)
+}
+
+func TestBucketsTTLLongerThanABucket(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Second, 4*time.Second)
+	ctx := context.Background()
+	r := req("orders", "long")
+	r.TTL = 3 * time.Second
+	var ran atomic.Int64
+	out, err := b.ledger.Do(ctx, r, pay("p1", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	claimed := time.Now()
+	// The row outlives several buckets, the janitor running all along.
+	for time.Since(claimed) < 2500*time.Millisecond {
+		_, err := b.ledger.Purge(ctx, inbox.JanitorConfig{})
+		require.NoError(t, err)
+		out, err := b.ledger.Do(ctx, r, pay("p1", &ran))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Duplicate, out.Disposition, "after %v", time.Since(claimed))
+		time.Sleep(100 * time.Millisecond)
+	}
+	// Then it expires, and its bucket goes.
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		_, err := b.ledger.Purge(ctx, inbox.JanitorConfig{})
+		require.NoError(t, err)
+		return b.pg.Count(t, `SELECT count(*) FROM processed_events`) == 0
+	}, "bucket dropped")
+	out, err = b.ledger.Do(ctx, r, pay("p2", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	require.EqualValues(t, 2, ran.Load())
+	// Buckets: MaxTTL/width + the current one + the ones ahead, and the
+	// one that has not gone yet.
+	require.LessOrEqual(t, buckets(t, b), 4+1+8+1)
+
+	// A TTL past MaxTTL is refused, not shortened.
+	r.TTL = 5 * time.Second
+	_, err = b.ledger.Do(ctx, req("orders", "too-long"), noop)
+	require.NoError(t, err)
+	_, err = b.ledger.Do(ctx, r, noop)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "22023", pgErr.Code)
+}
+
+// A claim racing a bucket's drop: the claim's transaction is open (it took
+// over a key whose expired row sits in the bucket to drop) while the
+// janitor detaches that bucket. The janitor waits for it; other claims,
+// including one of a key in the same bucket, go on; after the commit the
+// taken-over key lives in the current bucket.
+func TestBucketsClaimRacesADrop(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Second, 3*time.Second)
+	ctx := context.Background()
+	short := func(id string) inbox.Request {
+		r := req("orders", id)
+		r.TTL = 500 * time.Millisecond
+		return r
+	}
+	var ran atomic.Int64
+	for _, id := range []string{"held", "other"} {
+		out, err := b.ledger.Do(ctx, short(id), pay(id+"-1", &ran))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Executed, out.Disposition)
+	}
+	var oldBucket time.Time
+	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT bucket FROM processed_events WHERE event_id = 'held'`).Scan(&oldBucket))
+	// Wait until the bucket is due to go (its end + MaxTTL has passed).
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		return time.Now().After(oldBucket.Add(4*time.Second + 200*time.Millisecond))
+	}, "bucket due")
+
+	tx, err := b.pg.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	held := short("held")
+	held.TTL = 3 * time.Second // outlives the wait below
+	out, err := b.ledger.DoTx(ctx, tx, held, pay("held-2", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+
+	purged := make(chan error, 1)
+	go func() {
+		_, err := b.ledger.Purge(ctx, inbox.JanitorConfig{})
+		purged <- err
+	}()
+	// The janitor is waiting for the open transaction, with the bucket
+	// marked for detaching.
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_events'::regclass AND inhdetachpending`) == 1
+	}, "detach pending")
+	select {
+	case err := <-purged:
+		t.Fatalf("the janitor did not wait for the open claim: %v", err)
+	default:
+	}
+	// Claims are not blocked meanwhile: a new key, and the other key of
+	// the bucket being dropped (expired: new again), and the held key (in
+	// flight).
+	cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	out, err = b.ledger.Do(cctx, req("orders", "fresh"), pay("fresh", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	out, err = b.ledger.Do(cctx, short("other"), pay("other-2", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	out, err = b.ledger.Do(cctx, short("held"), pay("held-3", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.InFlight, out.Disposition)
+
+	require.NoError(t, tx.Commit(ctx))
+	require.NoError(t, <-purged)
+	require.Zero(t, b.pg.Count(t, `SELECT count(to_regclass($1))`, fmt.Sprintf("processed_events_p%d", oldBucket.Unix())), "bucket dropped")
+	out, err = b.ledger.Do(ctx, short("held"), pay("held-4", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Duplicate, out.Disposition, "the taken-over key outlives its old bucket")
+	require.EqualValues(t, 5, ran.Load())
+}
+
+// A janitor cancelled while it waits leaves the bucket half detached; the
+// next pass finishes the job.
+func TestBucketsCancelledDropIsFinishedLater(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Second, time.Second)
+	ctx := context.Background()
+	r := req("orders", "x")
+	r.TTL = 500 * time.Millisecond
+	_, err := b.ledger.Do(ctx, r, noop)
+	require.NoError(t, err)
+	var oldBucket time.Time
+	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT bucket FROM processed_events`).Scan(&oldBucket))
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		return time.Now().After(oldBucket.Add(2*time.Second + 200*time.Millisecond))
+	}, "bucket due")
+
+	// Any open transaction on the table holds the detach.
+	tx, err := b.pg.Pool.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, `SELECT count(*) FROM processed_events`)
+	require.NoError(t, err)
+	pctx, cancel := context.WithCancel(ctx)
+	purged := make(chan error, 1)
+	go func() {
+		_, err := b.ledger.Purge(pctx, inbox.JanitorConfig{})
+		purged <- err
+	}()
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_events'::regclass AND inhdetachpending`) == 1
+	}, "detach pending")
+	cancel()
+	require.Error(t, <-purged)
+	require.NoError(t, tx.Rollback(ctx))
+
+	// Finishing the detach waits for every older snapshot in the
+	// database (other tests' transactions too): bounded, not immediate.
+	fctx, fcancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer fcancel()
+	_, err = b.ledger.Purge(fctx, inbox.JanitorConfig{})
+	require.NoError(t, err)
+	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_events'::regclass AND inhdetachpending`))
+	require.Zero(t, b.pg.Count(t, `SELECT count(to_regclass($1))`, fmt.Sprintf("processed_events_p%d", oldBucket.Unix())))
+}
+
+// An existing plain ledger moves to time buckets with its live rows.
+func TestBucketsConvertAPlainLedger(t *testing.T) {
+	t.Parallel()
+	b := setupLayout(t, migrations.Config{}, inbox.Config{})
+	ctx := context.Background()
+	var ran atomic.Int64
+	for i := 0; i < 50; i++ {
+		_, err := b.ledger.Do(ctx, req("orders", fmt.Sprintf("live-%d", i)), pay(fmt.Sprintf("p%d", i), &ran))
+		require.NoError(t, err)
+	}
+	gone := req("orders", "expired")
+	gone.TTL = time.Millisecond
+	_, err := b.ledger.Do(ctx, gone, noop)
+	require.NoError(t, err)
+	testsvc.Eventually(t, 5*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE expires_at <= now()`) == 1
+	}, "row expires")
+	lease, _, err := b.ledger.AcquireLease(ctx, req("orders", "leased"), time.Minute)
+	require.NoError(t, err)
+
+	_, err = migrations.New(b.pg.Pool, migrations.Config{Schema: b.pg.Schema, Layout: migrations.LayoutTimeBuckets}).Up(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 51, b.pg.Count(t, `SELECT count(*) FROM processed_events`), "live rows copied, expired ones not")
+
+	l, err := inbox.New(b.pg.Pool, inbox.Config{}) // a ledger started after the move
+	require.NoError(t, err)
+	for i := 0; i < 50; i++ {
+		out, err := l.Do(ctx, req("orders", fmt.Sprintf("live-%d", i)), pay("again", &ran))
+		require.NoError(t, err)
+		require.Equal(t, inbox.Duplicate, out.Disposition)
+		require.Equal(t, 201, out.Result.Code)
+	}
+	out, err := l.Do(ctx, gone, noop)
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	require.NoError(t, lease.Complete(ctx, inbox.Result{Code: 200}), "a lease taken before the move completes after it")
+
+	// Up again keeps the layout; Down and Up give a plain table back.
+	m := migrations.New(b.pg.Pool, migrations.Config{Schema: b.pg.Schema})
+	_, err = m.Up(ctx)
+	require.NoError(t, err)
+	require.Positive(t, buckets(t, b))
+	_, err = m.Down(ctx)
+	require.NoError(t, err)
+	_, err = m.Up(ctx)
+	require.NoError(t, err)
+	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM pg_proc WHERE proname LIKE 'processed_events_%' AND pronamespace = $1::regnamespace`, b.pg.Schema))
+}
+
+// The bucket check relies on READ COMMITTED's fresh snapshot per
+// statement; in a stricter transaction the claim refuses.
+func TestBucketsRefuseRepeatableRead(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Second, 2*time.Second)
+	ctx := context.Background()
+	tx, err := b.pg.Pool.BeginTx(ctx, pgx.TxOptions{IsoLevel: pgx.RepeatableRead})
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = b.ledger.DoTx(ctx, tx, req("orders", "rr"), noop)
+	var pgErr *pgconn.PgError
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "0A000", pgErr.Code)
+}

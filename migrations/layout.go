@@ -1,0 +1,309 @@
+package migrations
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// Layout is how processed_events is stored. The ledger finds out which one
+// a schema has; its API and guarantees are the same on both.
+type Layout string
+
+const (
+	// LayoutPlain is one table; the janitor deletes expired rows in
+	// batches. The default.
+	LayoutPlain Layout = ""
+	// LayoutTimeBuckets partitions processed_events by claim time into
+	// buckets of Config.BucketWidth; the janitor drops whole buckets once
+	// every row in them has expired, instead of deleting rows. A claim
+	// checks every bucket that can hold a live row, and a row's TTL may
+	// not exceed Config.MaxTTL. See docs/RETENTION.md.
+	LayoutTimeBuckets Layout = "time-buckets"
+)
+
+// Defaults of the time-bucket layout.
+const (
+	DefaultMaxTTL       = 24 * time.Hour
+	DefaultBucketsAhead = 2
+)
+
+func (c *Config) bucketDefaults() error {
+	if c.MaxTTL == 0 {
+		c.MaxTTL = DefaultMaxTTL
+	}
+	if c.BucketWidth == 0 {
+		c.BucketWidth = c.MaxTTL / 4
+	}
+	if c.BucketsAhead == 0 {
+		c.BucketsAhead = DefaultBucketsAhead
+	}
+	if c.MaxTTL < time.Second || c.BucketWidth < time.Second || c.BucketsAhead < 1 ||
+		c.MaxTTL%time.Second != 0 || c.BucketWidth%time.Second != 0 {
+		return fmt.Errorf("justonce/migrations: time buckets need MaxTTL and BucketWidth of whole seconds ≥ 1s and BucketsAhead ≥ 1")
+	}
+	return nil
+}
+
+// applyLayout converts processed_events to the configured layout when it
+// is plain and time buckets are asked for. It runs in the migration
+// transaction, with search_path set to schema.
+func (m *Migrator) applyLayout(ctx context.Context, tx pgx.Tx, schema string) error {
+	if m.cfg.Layout == LayoutPlain {
+		return nil
+	}
+	if m.cfg.Layout != LayoutTimeBuckets {
+		return fmt.Errorf("justonce/migrations: unknown layout %q", m.cfg.Layout)
+	}
+	var kind string
+	if err := tx.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = to_regclass('processed_events')`).Scan(&kind); err != nil {
+		return fmt.Errorf("justonce/migrations: processed_events: %w", err)
+	}
+	if kind == "p" {
+		return nil // converted already; the stored width and MaxTTL stay
+	}
+	for _, stmt := range timeBucketSQL(schema, m.cfg) {
+		if _, err := tx.Exec(ctx, stmt); err != nil {
+			return fmt.Errorf("justonce/migrations: time-bucket layout: %w\n%s", err, stmt)
+		}
+	}
+	return nil
+}
+
+// timeBucketSQL returns the statements that move a plain processed_events
+// to the time-bucket layout, copying its live rows. Functions name the
+// table with its schema, so that they work whatever the caller's
+// search_path.
+func timeBucketSQL(schema string, cfg Config) []string {
+	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
+	width := strconv.FormatInt(int64(cfg.BucketWidth/time.Second), 10) + " seconds"
+	maxTTL := strconv.FormatInt(int64(cfg.MaxTTL/time.Second), 10) + " seconds"
+	r := strings.NewReplacer(
+		"{PE}", q("processed_events"), "{OLD}", q("processed_events_plain"),
+		"{LAYOUT}", q("processed_events_layout"), "{SEQ}", q("processed_events_fencing_seq"),
+		"{CLAIM}", q("processed_events_claim"), "{FAIL}", q("processed_events_fail"),
+		"{CREATE}", q("processed_events_create_buckets"),
+		"{SCHEMA}", lit(schema), "{W}", lit(width), "{MAXTTL}", lit(maxTTL),
+		"{MAXTTL_US}", strconv.FormatInt(cfg.MaxTTL.Microseconds(), 10),
+		"{AHEAD}", strconv.Itoa(cfg.BucketsAhead),
+	)
+	// bucket(ts): the start of ts's bucket.
+	const bucket = `date_bin({W}::interval, %s, 'epoch'::timestamptz)`
+	stmts := []string{
+		`ALTER TABLE {PE} RENAME TO processed_events_plain`,
+		`CREATE TABLE {PE} (
+    scope            text        COLLATE "C" NOT NULL,
+    tenant           text        COLLATE "C" NOT NULL DEFAULT '',
+    event_id         text        COLLATE "C" NOT NULL,
+    status           text        NOT NULL,
+    fingerprint      bytea,
+    source           text        NOT NULL DEFAULT '',
+    principal        text        NOT NULL DEFAULT '',
+    lease_owner      text,
+    lease_until      timestamptz,
+    fencing_token    bigint      NOT NULL DEFAULT 0,
+    attempts         integer     NOT NULL DEFAULT 1,
+    response_code    integer,
+    response_headers jsonb,
+    response_body    bytea,
+    error            text,
+    duration_us      bigint,
+    created_at       timestamptz NOT NULL DEFAULT now(),
+    completed_at     timestamptz,
+    expires_at       timestamptz NOT NULL,
+    -- The start of the bucket of the claim's time: the partition key.
+    bucket           timestamptz NOT NULL,
+    CONSTRAINT processed_events_bucket_pkey PRIMARY KEY (scope, tenant, event_id, bucket),
+    CONSTRAINT processed_events_status_check CHECK (status IN ('processing', 'done', 'failed'))
+) PARTITION BY RANGE (bucket)`,
+		`CREATE INDEX processed_events_bucket_processing_idx ON {PE} (lease_until) WHERE status = 'processing'`,
+		`CREATE TABLE {LAYOUT} (
+    width   interval NOT NULL,
+    max_ttl interval NOT NULL,
+    ahead   integer  NOT NULL
+)`,
+		`INSERT INTO {LAYOUT} VALUES ({W}, {MAXTTL}, {AHEAD})`,
+
+		// create_buckets(from) attaches the missing buckets from from's
+		// bucket to {AHEAD} buckets past now's. A bucket is created as a
+		// table of its own and attached, which locks the parent only
+		// against other DDL (SHARE UPDATE EXCLUSIVE), never against claims.
+		`CREATE FUNCTION {CREATE}(p_from timestamptz) RETURNS integer LANGUAGE plpgsql AS $fn$
+DECLARE
+    b    timestamptz := ` + fmt.Sprintf(bucket, "least(p_from, now())") + `;
+    last timestamptz := ` + fmt.Sprintf(bucket, "now()") + ` + {AHEAD} * {W}::interval;
+    name text;
+    n    integer := 0;
+BEGIN
+    WHILE b <= last LOOP
+        name := 'processed_events_p' || extract(epoch FROM b)::bigint;
+        IF to_regclass(format('%I.%I', {SCHEMA}, name)) IS NULL THEN
+            EXECUTE format('CREATE TABLE %I.%I (LIKE {PE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', {SCHEMA}, name);
+            EXECUTE format('ALTER TABLE {PE} ATTACH PARTITION %I.%I FOR VALUES FROM (%L) TO (%L)',
+                {SCHEMA}, name, b, b + {W}::interval);
+            n := n + 1;
+        END IF;
+        b := b + {W}::interval;
+    END LOOP;
+    RETURN n;
+END
+$fn$`,
+
+		// claim takes the key's advisory lock, then looks for the key in
+		// every bucket. Each statement of a volatile function takes a new
+		// snapshot (READ COMMITTED), so the look-up sees every claim of
+		// the key that committed before the lock became ours: those claims
+		// held the lock until they committed. A row is at most once in the
+		// table: an expired row or a lapsed lease is taken over by moving
+		// the row to the current bucket. With p_existing, a key that is not
+		// claimed returns its row (claimed false); else nothing.
+		`CREATE FUNCTION {CLAIM}(
+    p_scope text, p_tenant text, p_id text, p_fp bytea, p_source text, p_principal text,
+    p_ttl_us bigint, p_lock bigint, p_lease_us bigint, p_owner text, p_existing boolean)
+RETURNS TABLE (o_claimed boolean, o_status text, o_fingerprint bytea, o_source text, o_principal text,
+    o_lease_owner text, o_lease_until timestamptz, o_fencing_token bigint, o_attempts integer,
+    o_response_code integer, o_response_headers jsonb, o_response_body bytea, o_error text,
+    o_duration_us bigint, o_created_at timestamptz, o_completed_at timestamptz, o_expires_at timestamptz,
+    o_live boolean, o_leased boolean)
+LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    r       {PE}%ROWTYPE;
+    found_r boolean;
+    v_now   timestamptz := now();
+BEGIN
+    IF p_ttl_us > {MAXTTL_US} THEN
+        RAISE EXCEPTION 'justonce: TTL of % exceeds the ledger''s MaxTTL of %', p_ttl_us * interval '1 microsecond', {MAXTTL}::interval
+            USING ERRCODE = '22023';
+    END IF;
+    IF NOT pg_try_advisory_xact_lock(p_lock) THEN
+        IF p_existing THEN
+            SELECT * INTO r FROM {PE} e WHERE e.scope = p_scope AND e.tenant = p_tenant AND e.event_id = p_id;
+            IF FOUND THEN
+                o_claimed := false; o_status := r.status; o_fingerprint := r.fingerprint; o_source := r.source;
+                o_principal := r.principal; o_lease_owner := r.lease_owner; o_lease_until := r.lease_until;
+                o_fencing_token := r.fencing_token; o_attempts := r.attempts; o_response_code := r.response_code;
+                o_response_headers := r.response_headers; o_response_body := r.response_body; o_error := r.error;
+                o_duration_us := r.duration_us; o_created_at := r.created_at; o_completed_at := r.completed_at;
+                o_expires_at := r.expires_at; o_live := r.expires_at > v_now; o_leased := r.lease_until > v_now;
+                RETURN NEXT;
+            END IF;
+        END IF;
+        RETURN;
+    END IF;
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'justonce: the time-bucket ledger claims only in READ COMMITTED transactions'
+            USING ERRCODE = '0A000';
+    END IF;
+    SELECT * INTO r FROM {PE} e WHERE e.scope = p_scope AND e.tenant = p_tenant AND e.event_id = p_id FOR UPDATE;
+    found_r := FOUND;
+    IF found_r AND NOT (r.expires_at <= v_now OR (r.status = 'processing' AND r.lease_until <= v_now
+            AND (p_fp IS NULL OR r.fingerprint IS NULL OR r.fingerprint = p_fp))) THEN
+        IF p_existing THEN
+            o_claimed := false; o_status := r.status; o_fingerprint := r.fingerprint; o_source := r.source;
+            o_principal := r.principal; o_lease_owner := r.lease_owner; o_lease_until := r.lease_until;
+            o_fencing_token := r.fencing_token; o_attempts := r.attempts; o_response_code := r.response_code;
+            o_response_headers := r.response_headers; o_response_body := r.response_body; o_error := r.error;
+            o_duration_us := r.duration_us; o_created_at := r.created_at; o_completed_at := r.completed_at;
+            o_expires_at := r.expires_at; o_live := r.expires_at > v_now; o_leased := r.lease_until > v_now;
+            RETURN NEXT;
+        END IF;
+        RETURN;
+    END IF;
+    o_claimed := true; o_fingerprint := p_fp; o_source := p_source; o_principal := p_principal;
+    o_fencing_token := 0; o_attempts := 1; o_created_at := v_now;
+    o_expires_at := v_now + p_ttl_us * interval '1 microsecond'; o_live := true;
+    IF p_lease_us > 0 THEN
+        o_status := 'processing'; o_lease_owner := p_owner;
+        o_lease_until := v_now + p_lease_us * interval '1 microsecond';
+        o_fencing_token := nextval('{SEQ}'); o_leased := true;
+    ELSE
+        o_status := 'done'; o_completed_at := v_now; o_leased := false;
+    END IF;
+    IF found_r THEN
+        IF r.expires_at > v_now THEN
+            o_attempts := r.attempts + 1;
+        END IF;
+        UPDATE {PE} SET status = o_status, fingerprint = p_fp, source = p_source, principal = p_principal,
+            lease_owner = o_lease_owner, lease_until = o_lease_until, fencing_token = o_fencing_token,
+            attempts = o_attempts, response_code = NULL, response_headers = NULL, response_body = NULL,
+            error = NULL, duration_us = NULL, created_at = v_now, completed_at = o_completed_at,
+            expires_at = o_expires_at, bucket = ` + fmt.Sprintf(bucket, "v_now") + `
+        WHERE scope = p_scope AND tenant = p_tenant AND event_id = p_id AND bucket = r.bucket;
+    ELSE
+        INSERT INTO {PE} (scope, tenant, event_id, status, fingerprint, source, principal, lease_owner,
+            lease_until, fencing_token, attempts, created_at, completed_at, expires_at, bucket)
+        VALUES (p_scope, p_tenant, p_id, o_status, p_fp, p_source, p_principal, o_lease_owner,
+            o_lease_until, o_fencing_token, 1, v_now, o_completed_at, o_expires_at, ` + fmt.Sprintf(bucket, "v_now") + `);
+    END IF;
+    RETURN NEXT;
+END
+$fn$`,
+
+		// fail records a dead-lettered key as failed unless it is done,
+		// under the key's lock (waiting for a holder to finish).
+		`CREATE FUNCTION {FAIL}(
+    p_scope text, p_tenant text, p_id text, p_fp bytea, p_source text, p_principal text,
+    p_attempts integer, p_error text, p_ttl_us bigint, p_lock bigint)
+RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
+DECLARE
+    r   {PE}%ROWTYPE;
+    exp timestamptz := now() + p_ttl_us * interval '1 microsecond';
+BEGIN
+    IF p_ttl_us > {MAXTTL_US} THEN
+        RAISE EXCEPTION 'justonce: TTL of % exceeds the ledger''s MaxTTL of %', p_ttl_us * interval '1 microsecond', {MAXTTL}::interval
+            USING ERRCODE = '22023';
+    END IF;
+    PERFORM pg_advisory_xact_lock(p_lock);
+    IF current_setting('transaction_isolation') <> 'read committed' THEN
+        RAISE EXCEPTION 'justonce: the time-bucket ledger claims only in READ COMMITTED transactions'
+            USING ERRCODE = '0A000';
+    END IF;
+    SELECT * INTO r FROM {PE} e WHERE e.scope = p_scope AND e.tenant = p_tenant AND e.event_id = p_id FOR UPDATE;
+    IF NOT FOUND THEN
+        INSERT INTO {PE} (scope, tenant, event_id, status, fingerprint, source, principal, attempts, error,
+            completed_at, expires_at, bucket)
+        VALUES (p_scope, p_tenant, p_id, 'failed', p_fp, p_source, p_principal, p_attempts, p_error,
+            now(), exp, ` + fmt.Sprintf(bucket, "now()") + `);
+        RETURN true;
+    END IF;
+    IF r.status = 'done' AND r.expires_at > now() THEN
+        RETURN false;
+    END IF;
+    UPDATE {PE} SET status = 'failed', error = p_error, attempts = p_attempts, completed_at = now(),
+        lease_until = NULL, expires_at = exp, bucket = ` + fmt.Sprintf(bucket, "now()") + `
+    WHERE scope = p_scope AND tenant = p_tenant AND event_id = p_id AND bucket = r.bucket;
+    RETURN true;
+END
+$fn$`,
+
+		// Every live row of the plain table must fit under MaxTTL.
+		`DO $do$
+BEGIN
+    IF EXISTS (SELECT 1 FROM {OLD} WHERE expires_at > now() + {MAXTTL}::interval) THEN
+        RAISE EXCEPTION 'justonce: live rows expire later than now + MaxTTL (%): raise MaxTTL', {MAXTTL}::interval;
+    END IF;
+END
+$do$`,
+		// Buckets from the oldest live row's to the ones ahead. A copied
+		// row lands in a bucket that is dropped only after it expires.
+		`SELECT {CREATE}(coalesce((SELECT min(greatest(created_at, expires_at - {MAXTTL}::interval))
+    FROM {OLD} WHERE expires_at > now() OR (status = 'processing' AND lease_until > now())), now()))`,
+		`INSERT INTO {PE} (scope, tenant, event_id, status, fingerprint, source, principal, lease_owner, lease_until,
+    fencing_token, attempts, response_code, response_headers, response_body, error, duration_us, created_at,
+    completed_at, expires_at, bucket)
+SELECT scope, tenant, event_id, status, fingerprint, source, principal, lease_owner, lease_until,
+    fencing_token, attempts, response_code, response_headers, response_body, error, duration_us, created_at,
+    completed_at, expires_at, ` + fmt.Sprintf(bucket, "least(now(), greatest(created_at, expires_at - {MAXTTL}::interval))") + `
+FROM {OLD} WHERE expires_at > now() OR (status = 'processing' AND lease_until > now())`,
+		`DROP TABLE {OLD}`,
+	}
+	for i, s := range stmts {
+		stmts[i] = r.Replace(s)
+	}
+	return stmts
+}
