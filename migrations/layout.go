@@ -164,18 +164,19 @@ $fn$`,
 		// claimed returns its row (claimed false); else nothing.
 		`CREATE FUNCTION {CLAIM}(
     p_scope text, p_tenant text, p_id text, p_fp bytea, p_source text, p_principal text,
-    p_ttl_us bigint, p_lock bigint, p_lease_us bigint, p_owner text, p_existing boolean)
-RETURNS TABLE (o_claimed boolean, o_status text, o_fingerprint bytea, o_source text, o_principal text,
-    o_lease_owner text, o_lease_until timestamptz, o_fencing_token bigint, o_attempts integer,
-    o_response_code integer, o_response_headers jsonb, o_response_body bytea, o_error text,
-    o_duration_us bigint, o_created_at timestamptz, o_completed_at timestamptz, o_expires_at timestamptz,
-    o_live boolean, o_leased boolean)
+    p_ttl_us bigint, p_lock bigint, p_lease_us bigint, p_owner text, p_existing boolean,
+    OUT o_claimed boolean, OUT o_status text, OUT o_fingerprint bytea, OUT o_source text, OUT o_principal text,
+    OUT o_lease_owner text, OUT o_lease_until timestamptz, OUT o_fencing_token bigint, OUT o_attempts integer,
+    OUT o_response_code integer, OUT o_response_headers jsonb, OUT o_response_body bytea, OUT o_error text,
+    OUT o_duration_us bigint, OUT o_created_at timestamptz, OUT o_completed_at timestamptz,
+    OUT o_expires_at timestamptz, OUT o_live boolean, OUT o_leased boolean)
 LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
     r       {PE}%ROWTYPE;
     found_r boolean;
     v_now   timestamptz := now();
 BEGIN
+    o_claimed := false;
     IF p_ttl_us > {MAXTTL_US} THEN
         RAISE EXCEPTION 'justonce: TTL of % exceeds the ledger''s MaxTTL of %', p_ttl_us * interval '1 microsecond', {MAXTTL}::interval
             USING ERRCODE = '22023';
@@ -190,7 +191,6 @@ BEGIN
                 o_response_headers := r.response_headers; o_response_body := r.response_body; o_error := r.error;
                 o_duration_us := r.duration_us; o_created_at := r.created_at; o_completed_at := r.completed_at;
                 o_expires_at := r.expires_at; o_live := r.expires_at > v_now; o_leased := r.lease_until > v_now;
-                RETURN NEXT;
             END IF;
         END IF;
         RETURN;
@@ -210,7 +210,6 @@ BEGIN
             o_response_headers := r.response_headers; o_response_body := r.response_body; o_error := r.error;
             o_duration_us := r.duration_us; o_created_at := r.created_at; o_completed_at := r.completed_at;
             o_expires_at := r.expires_at; o_live := r.expires_at > v_now; o_leased := r.lease_until > v_now;
-            RETURN NEXT;
         END IF;
         RETURN;
     END IF;
@@ -240,7 +239,6 @@ BEGIN
         VALUES (p_scope, p_tenant, p_id, o_status, p_fp, p_source, p_principal, o_lease_owner,
             o_lease_until, o_fencing_token, 1, v_now, o_completed_at, o_expires_at, ` + fmt.Sprintf(bucket, "v_now") + `);
     END IF;
-    RETURN NEXT;
 END
 $fn$`,
 
