@@ -79,6 +79,51 @@ func ExampleNew() {
 	// invoices: 2
 }
 
+// Replay the stream: what the ledger has done is skipped, only the missing
+// events run.
+func ExampleConsumer_Replay() {
+	ex := setUp("order-1", "order-2", "order-3") // the events, published; a migrated schema
+	defer ex.tearDown()
+	ctx := context.Background()
+
+	ledger, err := inbox.New(ex.pool, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := ex.pool.Exec(ctx, `CREATE TABLE invoices (order_id text NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	// order-1 ran before (the scope is the durable's name).
+	done := func(context.Context, pgx.Tx) (inbox.Result, error) { return inbox.Result{}, nil }
+	if _, err := ledger.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "billing", ID: "order-1"}}, done); err != nil {
+		log.Fatal(err)
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
+		return err
+	}
+	c, err := natsinbox.New(natsinbox.Config{Conn: ex.conn, Stream: ex.stream, Durable: "billing",
+		Processor: consumer.Config{Ledger: ledger}}, handler)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	rep, err := c.Replay(ctx, natsinbox.ReplayConfig{StartSeq: 1},
+		consumer.ReplayOptions{DryRun: true}) // drop DryRun to run the missing ones
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("dry run: seen %d, skipped %d, would run %d\n", rep.Total.Seen, rep.Total.Skipped, rep.Total.Ran)
+	rep, err = c.Replay(ctx, natsinbox.ReplayConfig{StartSeq: 1}, consumer.ReplayOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("replay: seen %d, skipped %d, ran %d\n", rep.Total.Seen, rep.Total.Skipped, rep.Total.Ran)
+	// Output:
+	// dry run: seen 3, skipped 1, would run 2
+	// replay: seen 3, skipped 1, ran 2
+}
+
 // A JetStream consumer that creates one invoice per order, however often
 // the order is delivered: here it is published twice, the second time
 // without Nats-Msg-Id, so JetStream stores both copies.
