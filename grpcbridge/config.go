@@ -2,8 +2,6 @@ package grpcbridge
 
 import (
 	"context"
-	"crypto/sha256"
-	"encoding/base64"
 	"fmt"
 	"strings"
 	"time"
@@ -191,10 +189,6 @@ func DefaultStore(code codes.Code) bool {
 	return false
 }
 
-// principalSep separates the key from the principal's digest in the
-// ledger ID, as the HTTP bridge does.
-const principalSep = "\u00b7"
-
 // principalSuffixLen is what principal isolation appends to the key.
 const principalSuffixLen = 24
 
@@ -204,8 +198,7 @@ const principalSuffixLen = 24
 // httpbridge.PrincipalKeyID gives, so that one principal's key dedupes
 // across the two fronts.
 func PrincipalKeyID(key, principal string) string {
-	sum := sha256.Sum256([]byte(principal))
-	return key + principalSep + base64.RawURLEncoding.EncodeToString(sum[:16])
+	return inbox.PrincipalKeyID(key, principal)
 }
 
 // Validate reports whether the Config is usable. Errors match

@@ -1,8 +1,6 @@
 package httpbridge
 
 import (
-	"crypto/sha256"
-	"encoding/base64"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -151,11 +149,6 @@ const (
 	PrincipalShared
 )
 
-// principalSep separates the key from the principal's digest in the
-// ledger ID. Keys are printable ASCII, so no key contains it: a principal's
-// ID never equals a plain key.
-const principalSep = "\u00b7"
-
 // principalSuffixLen is what principal isolation appends to the key in the
 // ledger ID: the separator (2 bytes) and 22 base64url characters.
 const principalSuffixLen = 24
@@ -166,8 +159,7 @@ const principalSuffixLen = 24
 // find or release such a key (Ledger.Lookup, Ledger.Release, the CLI).
 // Routes with MismatchNewRequest append a fingerprint suffix after it.
 func PrincipalKeyID(key, principal string) string {
-	sum := sha256.Sum256([]byte(principal))
-	return key + principalSep + base64.RawURLEncoding.EncodeToString(sum[:16])
+	return inbox.PrincipalKeyID(key, principal)
 }
 
 // RouteConfig configures one route (or group of routes). Its zero values

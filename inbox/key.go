@@ -1,6 +1,8 @@
 package inbox
 
 import (
+	"crypto/sha256"
+	"encoding/base64"
 	"strconv"
 	"strings"
 	"unicode/utf8"
@@ -60,4 +62,15 @@ func Mask(id string) string {
 // String returns the key with its ID masked, safe for logs.
 func (k Key) String() string {
 	return k.Scope + "/" + k.Tenant + "/" + Mask(k.ID)
+}
+
+// PrincipalKeyID is the ledger ID under which a request front (the HTTP and
+// gRPC bridges) records a client's key when keys are isolated per
+// principal: the key, U+00B7 and the first 16 bytes of SHA-256(principal)
+// in unpadded base64url (24 bytes after the key). Client keys are printable
+// ASCII, so no key a client sends equals such an ID, and both bridges give
+// one principal's key the same ID.
+func PrincipalKeyID(key, principal string) string {
+	sum := sha256.Sum256([]byte(principal))
+	return key + "\u00b7" + base64.RawURLEncoding.EncodeToString(sum[:16])
 }
