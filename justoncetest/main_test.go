@@ -1,0 +1,19 @@
+package justoncetest_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/justonce/justonce/internal/testsvc"
+)
+
+// TestMain points DATABASE_URL, which the kit reads as in a user's tests, at
+// the test Postgres.
+func TestMain(m *testing.M) {
+	if os.Getenv("DATABASE_URL") == "" {
+		if u := testsvc.Getenv("JUSTONCE_TEST_POSTGRES_URL"); u != "" {
+			_ = os.Setenv("DATABASE_URL", u)
+		}
+	}
+	os.Exit(m.Run())
+}
