@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	mrand "math/rand/v2"
 	"runtime/debug"
 	"sync"
 	"time"
@@ -14,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/backoff"
 )
 
 // Handler handles one event inside the ledger's transaction: its writes
@@ -54,15 +54,7 @@ func (b Backoff) Delay(attempt int) time.Duration {
 	if b.Multiplier < 1 {
 		b.Multiplier = 2
 	}
-	d := float64(b.Initial)
-	for i := 1; i < attempt && d < float64(b.Max); i++ {
-		d *= b.Multiplier
-	}
-	if d > float64(b.Max) {
-		d = float64(b.Max)
-	}
-	half := time.Duration(d / 2)
-	return half + mrand.N(half+1)
+	return backoff.Delay(b.Initial, b.Max, b.Multiplier, attempt)
 }
 
 // Config configures a Processor.

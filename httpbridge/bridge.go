@@ -8,7 +8,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math/rand/v2"
 	"net/http"
 	"runtime/debug"
 	"strings"
@@ -280,54 +279,17 @@ var errCompleteGaveUp = errors.New("httpbridge: gave up recording a lease-mode r
 
 // complete records a lease-mode result. The effect has happened, and
 // recording it is what keeps it from running again, so a transient failure
-// is retried (with backoff, while KeepAlive renews the lease) until it
-// succeeds, fails for good, the lease is lost, or Config.HandlerTimeout
-// has passed since the handler ended.
+// is retried (Lease.CompleteRetrying, while KeepAlive renews the lease)
+// until it succeeds, fails for good, the lease is lost, or
+// Config.HandlerTimeout has passed since the handler ended.
 func (h *handler) complete(ctx context.Context, lease *inbox.Lease, res inbox.Result, lost <-chan struct{}) error {
-	s := h.s
-	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.HandlerTimeout)
+	wctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), h.s.HandlerTimeout)
 	defer cancel()
-	backoff := 20 * time.Millisecond
-	var last error
-	for {
-		err := lease.Complete(wctx, res)
-		if err != nil && last != nil && errors.Is(err, inbox.ErrLeaseLost) && h.completedBy(wctx, lease) {
-			// An earlier attempt committed and only its answer was lost.
-			return nil
-		}
-		if err != nil && wctx.Err() != nil {
-			return fmt.Errorf("%w: %w (last error: %w)", errCompleteGaveUp, wctx.Err(), err)
-		}
-		if err == nil || !inbox.IsTransient(err) {
-			return err
-		}
-		last = err
-		s.log.Warn("justonce/httpbridge: recording a lease-mode result failed, will retry",
-			"key", lease.Key().String(), "err", err)
-		t := time.NewTimer(backoff/2 + rand.N(backoff))
-		select {
-		case <-wctx.Done():
-			t.Stop()
-			return fmt.Errorf("%w: %w (last error: %w)", errCompleteGaveUp, wctx.Err(), err)
-		case <-lost:
-			t.Stop()
-			if h.completedBy(wctx, lease) {
-				return nil
-			}
-			return fmt.Errorf("%w: while its result was being recorded (last error: %v)", inbox.ErrLeaseLost, err)
-		case <-t.C:
-		}
-		if backoff < time.Second {
-			backoff *= 2
-		}
+	err := lease.CompleteRetrying(wctx, res, lost)
+	if err != nil && wctx.Err() != nil {
+		return fmt.Errorf("%w: %w", errCompleteGaveUp, err)
 	}
-}
-
-// completedBy reports whether the key is done under this lease's token:
-// a completion whose answer was lost did commit.
-func (h *handler) completedBy(ctx context.Context, lease *inbox.Lease) bool {
-	rec, err := h.s.Ledger.Lookup(ctx, lease.Key())
-	return err == nil && rec.Status == inbox.StatusDone && rec.FencingToken == lease.Token()
+	return err
 }
 
 // keylessTx is a plain transaction handed to a handler of a request without

@@ -239,7 +239,7 @@ func TestLeaseCompletionBlipDoesNotRunTheEffectTwice(t *testing.T) {
 	})
 	require.NoError(t, err)
 	require.Equal(t, inbox.Executed, out.Disposition)
-	require.Contains(t, logs.String(), "recording a lease's completion failed", "the blip hit the completion")
+	require.Contains(t, logs.String(), "recording a lease-mode result failed", "the blip hit the completion")
 
 	time.Sleep(2 * lease) // past the lease: a lapsed lease would be taken over now
 	out, err = l.DoLeased(ctx, r, lease, func(context.Context, int64) (inbox.Result, error) {

@@ -4,9 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	mrand "math/rand/v2"
 	"sync"
 	"time"
+
+	"github.com/justonce/justonce/internal/backoff"
 )
 
 // Lease is a key claimed in lease mode, for effects outside the database
@@ -207,7 +208,13 @@ func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn 
 	// The effect has happened: record it while the lease is kept alive, and
 	// retry a transient failure rather than let the lease lapse, which
 	// would run the effect again.
-	err = lease.completeRetrying(ctx, res, lost)
+	// The caller's cancellation does not stop it at once, but it gives up
+	// one lease duration after the caller's context ended.
+	cctx, ccancel := context.WithCancel(context.WithoutCancel(ctx))
+	stopAfter := context.AfterFunc(ctx, func() { time.AfterFunc(lease.dur, ccancel) })
+	err = lease.CompleteRetrying(cctx, res, lost)
+	stopAfter()
+	ccancel()
 	stop()
 	if err != nil {
 		l.observe(req, Outcome{}, err)
@@ -218,54 +225,41 @@ func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn 
 	return out, nil
 }
 
-// completeRetrying calls Complete until it succeeds, fails for good, or the
-// lease is lost. The caller's cancellation does not stop it at once (the
-// effect has happened, and recording it is what keeps it from running
-// again), but it gives up one lease duration after the caller's context
-// ended.
-func (ls *Lease) completeRetrying(ctx context.Context, res Result, lost <-chan struct{}) error {
-	wctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	defer cancel()
-	go func() {
-		select {
-		case <-ctx.Done():
-			t := time.NewTimer(ls.dur)
-			defer t.Stop()
-			select {
-			case <-t.C:
-				cancel()
-			case <-wctx.Done():
-			}
-		case <-wctx.Done():
-		}
-	}()
-	backoff := 20 * time.Millisecond
-	for retried := false; ; retried = true {
-		err := ls.Complete(wctx, res)
-		if retried && errors.Is(err, ErrLeaseLost) && ls.completedByUs(wctx) {
+// CompleteRetrying records res like Complete, and retries a transient
+// failure with backoff until it succeeds, fails for good, the lease is lost
+// (lost is closed: pass KeepAlive's channel, and keep the lease alive while
+// it runs), or ctx ends. A completion that committed though its answer was
+// lost counts as success: the key is done under this lease's fencing token.
+// When ctx ends first, the error wraps ctx's error. The effect has happened
+// by the time a caller records it, so give ctx a bound of its own rather
+// than a request's cancellation.
+func (ls *Lease) CompleteRetrying(ctx context.Context, res Result, lost <-chan struct{}) error {
+	for n, retried := 1, false; ; n, retried = n+1, true {
+		err := ls.Complete(ctx, res)
+		if retried && errors.Is(err, ErrLeaseLost) && ls.completedByUs(ctx) {
 			// An earlier attempt committed and only its answer was lost.
 			return nil
+		}
+		if err != nil && ctx.Err() != nil {
+			return fmt.Errorf("justonce/inbox: gave up recording a lease's completion: %w (last error: %w)", ctx.Err(), err)
 		}
 		if err == nil || !IsTransient(err) {
 			return err
 		}
-		ls.l.cfg.Logger.Warn("justonce/inbox: recording a lease's completion failed, will retry",
+		ls.l.cfg.Logger.Warn("justonce/inbox: recording a lease-mode result failed, will retry",
 			"key", ls.req.Key.String(), "err", err)
-		t := time.NewTimer(backoff/2 + mrand.N(backoff))
+		t := time.NewTimer(backoff.Delay(20*time.Millisecond, time.Second, 2, n))
 		select {
-		case <-wctx.Done():
+		case <-ctx.Done():
 			t.Stop()
-			return fmt.Errorf("justonce/inbox: gave up recording a lease's completion: %w (last error: %w)", wctx.Err(), err)
+			return fmt.Errorf("justonce/inbox: gave up recording a lease's completion: %w (last error: %w)", ctx.Err(), err)
 		case <-lost:
 			t.Stop()
-			if ls.completedByUs(wctx) {
+			if ls.completedByUs(ctx) {
 				return nil
 			}
 			return fmt.Errorf("%w: while recording its completion (last error: %v)", ErrLeaseLost, err)
 		case <-t.C:
-		}
-		if backoff < time.Second {
-			backoff *= 2
 		}
 	}
 }
