@@ -956,7 +956,7 @@ func TestFingerprintHeadersAndTTL(t *testing.T) {
 
 func TestLogsMaskKeys(t *testing.T) {
 	t.Parallel()
-	var buf syncBuffer
+	var buf testsvc.LogBuffer
 	logger := slog.New(slog.NewTextHandler(&buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	b := setup(t, setupOpts{logger: logger})
 	h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders"})(&app{})
@@ -968,23 +968,6 @@ func TestLogsMaskKeys(t *testing.T) {
 	require.Contains(t, out, "550e****0000")
 	require.NotContains(t, out, key)
 	require.NotContains(t, out, "e29b")
-}
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 func TestKeyInContext(t *testing.T) {

@@ -1,14 +1,12 @@
 package inbox_test
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -220,7 +218,7 @@ func TestLeaseCompletionBlipDoesNotRunTheEffectTwice(t *testing.T) {
 	b := setup(t, inbox.Config{})
 	proxy := testsvc.Proxy(t, b.pg.Host())
 	pool := b.pg.PoolVia(t, proxy.Addr(), 4)
-	var logs syncBuffer
+	var logs testsvc.LogBuffer
 	l, err := inbox.New(pool, inbox.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 	require.NoError(t, err)
 	ctx := context.Background()
@@ -281,24 +279,6 @@ func TestIsTransientClassifiesByCause(t *testing.T) {
 	} {
 		require.Equal(t, tc.want, inbox.IsTransient(tc.err), "%v", tc.err)
 	}
-}
-
-// syncBuffer is a bytes.Buffer safe for a logger and a test to share.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
 }
 
 // TestLeaseCompletionAnswerLost: the completion commits but its answer is
