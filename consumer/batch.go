@@ -99,7 +99,7 @@ func (p *Processor) ProcessBatch(ctx context.Context, msgs []*Message) []Decisio
 	if err != nil {
 		// The database is unavailable (or a race was lost): one failure
 		// of the batch, every message retried without counting.
-		delay := p.transientDelay(&Message{}, err)
+		delay := p.transientDelay(0, err)
 		for k, i := range keyed {
 			ds[i] = p.transient(ctx, msgs[i], err, ran[k], delay)
 		}

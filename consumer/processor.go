@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -131,9 +132,10 @@ type Processor struct {
 // outage tracks an episode of database unavailability: consecutive
 // attempts that failed because the database could not be reached.
 type outage struct {
-	mu    sync.Mutex
-	fails int       // failed attempts since the episode started; 0: no outage
-	since time.Time // when the episode started
+	active atomic.Bool // fails > 0: read without the lock on every success
+	mu     sync.Mutex
+	fails  int       // failed attempts since the episode started; 0: no outage
+	since  time.Time // when the episode started
 }
 
 // New returns a Processor for h.
@@ -359,16 +361,16 @@ func (p *Processor) decide(ctx context.Context, m *Message, out inbox.Outcome, e
 		}
 		return p.fail(ctx, m, err, ran)
 	}
-	return p.transient(ctx, m, err, ran, p.transientDelay(m, err))
+	return p.transient(ctx, m, err, ran, p.transientDelay(m.Uncounted, err))
 }
 
 // transientDelay is the wait before retrying after a transient error: the
 // outage's backoff when the database is unreachable, the handler backoff
 // after a lost race.
-func (p *Processor) transientDelay(m *Message, err error) time.Duration {
+func (p *Processor) transientDelay(uncounted int, err error) time.Duration {
 	if lostRace(err) {
 		p.available()
-		return p.cfg.Backoff.Delay(m.Uncounted + 1)
+		return p.cfg.Backoff.Delay(uncounted + 1)
 	}
 	return p.unavailable(err)
 }
@@ -431,6 +433,7 @@ func (p *Processor) unavailable(err error) time.Duration {
 	n := p.out.fails
 	if n == 1 {
 		p.out.since = time.Now()
+		p.out.active.Store(true)
 	}
 	p.out.mu.Unlock()
 	if n == 1 {
@@ -442,9 +445,13 @@ func (p *Processor) unavailable(err error) time.Duration {
 
 // available ends the current outage, if any, with an info line.
 func (p *Processor) available() {
+	if !p.out.active.Load() {
+		return // the usual case: no outage, no lock
+	}
 	p.out.mu.Lock()
 	n, since := p.out.fails, p.out.since
 	p.out.fails = 0
+	p.out.active.Store(false)
 	p.out.mu.Unlock()
 	if n > 0 {
 		p.log.Info("justonce consumer: database available again",

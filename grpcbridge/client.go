@@ -2,7 +2,6 @@ package grpcbridge
 
 import (
 	"context"
-	"math/rand/v2"
 	"time"
 
 	"github.com/google/uuid"
@@ -14,6 +13,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/justonce/justonce/internal/backoff"
 )
 
 // ClientConfig configures UnaryClientInterceptor. The zero value is ready
@@ -76,8 +77,9 @@ func UnaryClientInterceptor(cfg ClientConfig) grpc.UnaryClientInterceptor {
 	cfg.MetadataKey = or(cfg.MetadataKey, DefaultMetadataKey)
 	cfg.FirstSentKey = or(cfg.FirstSentKey, DefaultFirstSentKey)
 	cfg.Field = or(cfg.Field, DefaultField)
-	cfg.MaxAttempts = max(cfg.MaxAttempts, 0)
-	cfg.MaxAttempts = or(cfg.MaxAttempts, 4)
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 4
+	}
 	cfg.Backoff.Initial = or(cfg.Backoff.Initial, 100*time.Millisecond)
 	cfg.Backoff.Max = or(cfg.Backoff.Max, 5*time.Second)
 	if cfg.Retry == nil {
@@ -98,14 +100,13 @@ func UnaryClientInterceptor(cfg ClientConfig) grpc.UnaryClientInterceptor {
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}
 		req, ctx = cfg.withKey(ctx, req)
-		backoff := cfg.Backoff.Initial
 		for attempt := 1; ; attempt++ {
 			err := invoker(ctx, method, req, reply, cc, opts...)
 			code := status.Code(err)
 			if err == nil || attempt >= cfg.MaxAttempts || !cfg.Retry(code) || ctx.Err() != nil {
 				return err
 			}
-			wait := backoff/2 + rand.N(backoff/2+1)
+			wait := backoff.Delay(cfg.Backoff.Initial, cfg.Backoff.Max, 2, attempt)
 			if d, ok := retryDelay(err); ok {
 				wait = min(d, cfg.Backoff.Max)
 			}
@@ -116,7 +117,6 @@ func UnaryClientInterceptor(cfg ClientConfig) grpc.UnaryClientInterceptor {
 				return err
 			case <-t.C:
 			}
-			backoff = min(2*backoff, cfg.Backoff.Max)
 		}
 	}
 }

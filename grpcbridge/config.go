@@ -189,9 +189,6 @@ func DefaultStore(code codes.Code) bool {
 	return false
 }
 
-// principalSuffixLen is what principal isolation appends to the key.
-const principalSuffixLen = 24
-
 // PrincipalKeyID returns the ledger ID under which a method with
 // PrincipalIsolated records key for principal: the key, U+00B7 and the
 // first 16 bytes of SHA-256(principal) in unpadded base64url, the same ID
@@ -304,12 +301,12 @@ func newMethod(mc MethodConfig, c *Config) *method {
 	if mc.Key == KeyFromMessage && mc.Field == "" {
 		mc.Field = DefaultField
 	}
-	m := &method{MethodConfig: mc, maxKeyLen: 255}
+	m := &method{MethodConfig: mc, maxKeyLen: inbox.MaxPartLen}
 	if mc.KeyFormat == KeyAEP {
 		m.maxKeyLen = 36
 	}
 	if c.Principal != nil && mc.PrincipalKeys == PrincipalIsolated {
-		m.maxKeyLen = min(m.maxKeyLen, 255-principalSuffixLen)
+		m.maxKeyLen = min(m.maxKeyLen, inbox.MaxPartLen-inbox.PrincipalSuffixLen)
 	}
 	return m
 }

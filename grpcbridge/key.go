@@ -1,7 +1,6 @@
 package grpcbridge
 
 import (
-	"context"
 	"fmt"
 	"strings"
 	"time"
@@ -144,8 +143,7 @@ type callKey struct {
 
 // keyFromMetadata reads the key and first_sent from the incoming metadata.
 // present is false when no key is given.
-func (b *Bridge) keyFromMetadata(ctx context.Context, m *method) (ck callKey, present bool, err error) {
-	md, _ := metadata.FromIncomingContext(ctx)
+func (b *Bridge) keyFromMetadata(md metadata.MD, m *method) (ck callKey, present bool, err error) {
 	ck.keyField, ck.fsField = b.metadataKey, b.firstSentKey
 	keys := md.Get(b.metadataKey)
 	if len(keys) == 0 {

@@ -112,13 +112,14 @@ type panicked struct {
 }
 
 func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, handler grpc.UnaryHandler) (any, error) {
+	md, _ := metadata.FromIncomingContext(ctx) // a copy: read it once
 	var ck callKey
 	var present bool
 	var err error
 	if m.Key == KeyFromMessage {
 		ck, present, err = keyFromMessage(req, m)
 	} else {
-		ck, present, err = b.keyFromMetadata(ctx, m)
+		ck, present, err = b.keyFromMetadata(md, m)
 	}
 	var kp *keyProblem
 	var nf errNoField
@@ -150,7 +151,6 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 		}
 	}
 
-	md, _ := metadata.FromIncomingContext(ctx)
 	fp, err := fingerprint(full, req, m, md)
 	if err != nil {
 		b.log.Error("justonce/grpcbridge: fingerprint", "method", full, "err", err)

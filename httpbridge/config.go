@@ -15,7 +15,7 @@ import (
 const (
 	defaultHeader           = "Idempotency-Key"
 	defaultReplayHeader     = "Idempotent-Replayed"
-	defaultMaxKeyLen        = 255
+	defaultMaxKeyLen        = inbox.MaxPartLen
 	defaultMaxBodyBytes     = 1 << 20
 	defaultMaxResponseBytes = 1 << 20
 	defaultRetryAfter       = time.Second
@@ -148,10 +148,6 @@ const (
 	// where several principals legitimately retry one operation.
 	PrincipalShared
 )
-
-// principalSuffixLen is what principal isolation appends to the key in the
-// ledger ID: the separator (2 bytes) and 22 base64url characters.
-const principalSuffixLen = 24
 
 // PrincipalKeyID returns the ledger ID under which a route with
 // PrincipalIsolated records key for principal: the key, U+00B7 and the
@@ -423,7 +419,7 @@ func newRoute(rc RouteConfig, s *settings) route {
 		limit -= newRequestSuffixLen
 	}
 	if s.Principal != nil && rc.PrincipalKeys == PrincipalIsolated {
-		limit -= principalSuffixLen
+		limit -= inbox.PrincipalSuffixLen
 	}
 	rt.maxKeyLen = min(rt.maxKeyLen, limit)
 	return rt

@@ -70,7 +70,14 @@ func (k Key) String() string {
 // in unpadded base64url (24 bytes after the key). Client keys are printable
 // ASCII, so no key a client sends equals such an ID, and both bridges give
 // one principal's key the same ID.
+//
+// An isolated key may therefore be at most MaxPartLen-PrincipalSuffixLen
+// bytes long.
 func PrincipalKeyID(key, principal string) string {
 	sum := sha256.Sum256([]byte(principal))
 	return key + "\u00b7" + base64.RawURLEncoding.EncodeToString(sum[:16])
 }
+
+// PrincipalSuffixLen is what PrincipalKeyID appends to a key: the separator
+// (2 bytes) and 22 base64url characters.
+const PrincipalSuffixLen = 24

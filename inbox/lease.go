@@ -76,8 +76,8 @@ func (ls *Lease) Renew(ctx context.Context) error {
 // token is for.
 //
 // Any failure but ErrLeaseLost leaves the lease unfinished, so that the
-// caller may call Complete again (DoLeased does so for transient failures
-// while the lease is held), or Fail or Release it.
+// caller may call Complete again (CompleteRetrying does so for transient
+// failures while the lease is held), or Fail or Abandon it.
 func (ls *Lease) Complete(ctx context.Context, res Result) error {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()

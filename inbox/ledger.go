@@ -304,17 +304,18 @@ func runHandler(ctx context.Context, conn *pgx.Conn, fn TxFunc) (res Result, err
 		}
 	}()
 	res, err = fn(ctx, &ownedTx{conn: conn})
-	return res, handlerErr(conn.PgConn(), err, &ok)
+	err = handlerErr(conn.PgConn(), err)
+	ok = err == nil
+	return res, err
 }
 
-// handlerErr checks what a handler left behind: ok is set when the
-// transaction may commit.
-func handlerErr(pc *pgconn.PgConn, err error, ok *bool) error {
+// handlerErr checks what a handler left behind: nil when the transaction
+// may commit.
+func handlerErr(pc *pgconn.PgConn, err error) error {
 	switch {
 	case err == nil && pc.TxStatus() == 'E':
 		return &RolledBackError{Op: "handler"}
 	case err == nil:
-		*ok = true
 		return nil
 	case pc.IsClosed() && !errors.As(err, new(*StoreError)):
 		return &StoreError{Op: "handler", Err: err}
@@ -455,8 +456,7 @@ func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, req Request, fn TxFunc) (O
 	}
 	start := time.Now()
 	res, err := fn(ctx, tx)
-	ok := false
-	if err = handlerErr(tx.Conn().PgConn(), err, &ok); err != nil {
+	if err = handlerErr(tx.Conn().PgConn(), err); err != nil {
 		l.observe(req, Outcome{}, err)
 		return Outcome{}, err
 	}

@@ -153,7 +153,7 @@ func RequireFailed(t testing.TB, l *inbox.Ledger, k inbox.Key) *inbox.Record {
 // done, rolled back, released or expired).
 func RequireNotProcessed(t testing.TB, l *inbox.Ledger, k inbox.Key) {
 	t.Helper()
-	rec, err := lookup(t, l, k)
+	rec, err := lookup(l, k)
 	if err != nil {
 		t.Fatalf("justoncetest: RequireNotProcessed: %v", err)
 	}
@@ -201,7 +201,7 @@ func RequireDuplicate(t testing.TB, l *inbox.Ledger, req inbox.Request) inbox.Ou
 
 func requireStatus(t testing.TB, name string, l *inbox.Ledger, k inbox.Key, want inbox.Status) *inbox.Record {
 	t.Helper()
-	rec, err := lookup(t, l, k)
+	rec, err := lookup(l, k)
 	switch {
 	case err != nil:
 		t.Fatalf("justoncetest: %s: %v", name, err)
@@ -214,8 +214,7 @@ func requireStatus(t testing.TB, name string, l *inbox.Ledger, k inbox.Key, want
 }
 
 // lookup returns k's live row, nil when there is none.
-func lookup(t testing.TB, l *inbox.Ledger, k inbox.Key) (*inbox.Record, error) {
-	t.Helper()
+func lookup(l *inbox.Ledger, k inbox.Key) (*inbox.Record, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	rec, err := l.Lookup(ctx, k)

@@ -165,7 +165,7 @@ func (c *Consumer) jsMessage(m jetstream.Msg) *consumer.Message {
 // attemptKey names msg in the attempt table.
 func (c *Consumer) attemptKey(msg *consumer.Message) attemptKey {
 	return attemptKey{stream: c.stream, created: c.streamCreated, durable: c.cfg.Durable,
-		scope: c.proc.Config().Scope, seq: uint64(msg.Offset)}
+		scope: c.cfg.Processor.Scope, seq: uint64(msg.Offset)}
 }
 
 // remember keeps or drops msg's counts as d settles it: a message done

@@ -31,7 +31,7 @@ func (c *Consumer) deadLetterSubject(subject string) string {
 // retry the message instead of acking it.
 func (c *Consumer) publishDeadLetter(ctx context.Context, m *consumer.Message, cause error) error {
 	out := nats.NewMsg(c.deadLetterSubject(m.Topic))
-	for _, h := range consumer.DeadLetterHeaders(c.proc.Config().Scope, m, cause) {
+	for _, h := range consumer.DeadLetterHeaders(c.cfg.Processor.Scope, m, cause) {
 		// The server's own headers (Nats-Msg-Id, Nats-Expected-*,
 		// Nats-Rollup, Nats-TTL, ...) would change how the dead letter is
 		// stored, or get it dropped as a duplicate of the original.

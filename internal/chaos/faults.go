@@ -17,6 +17,8 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
+
+	"github.com/justonce/justonce/consumer"
 )
 
 // services crashes and restarts the Postgres and Kafka that
@@ -288,7 +290,7 @@ func toxic(ctx context.Context, p *toxiproxy.Proxy, name, typ, stream string, at
 	if _, err := p.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
 		return fmt.Errorf("toxic %s on %s: %w", name, p.Name, err)
 	}
-	_ = sleep(ctx, d)
+	_ = consumer.Sleep(ctx, d)
 	return p.Toxics.RemoveToxic(context.WithoutCancel(ctx), name)
 }
 

@@ -182,7 +182,7 @@ func emitRetry(ctx context.Context, p *producer, ids []string, retries *int) err
 		}
 		*retries++
 		fmt.Fprintf(os.Stderr, "chaos: produce %s: %v (retrying)\n", p.name, err)
-		if err := sleep(ctx, time.Second); err != nil {
+		if err := consumer.Sleep(ctx, time.Second); err != nil {
 			return err
 		}
 	}
@@ -533,7 +533,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 				} else if jctx.Err() == nil && !inbox.IsTransient(err) {
 					fmt.Fprintln(os.Stderr, "chaos: janitor rows:", err)
 				}
-				_ = sleep(jctx, 100*time.Millisecond)
+				_ = consumer.Sleep(jctx, 100*time.Millisecond)
 			}
 		}()
 	}
@@ -574,7 +574,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 			return slots[mrand.N(len(slots))].kill(), nil
 		case fRedis:
 			rp.stop()
-			_ = sleep(ctx, o.killEvery)
+			_ = consumer.Sleep(ctx, o.killEvery)
 			if err := rp.start(); err != nil {
 				return true, fmt.Errorf("redis restart: %w", err)
 			}
@@ -667,7 +667,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 		if err := tick(); err != nil {
 			return sum, err
 		}
-		if err := sleep(ctx, o.killEvery); err != nil {
+		if err := consumer.Sleep(ctx, o.killEvery); err != nil {
 			return sum, err
 		}
 	}
@@ -732,13 +732,13 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 		if err := tick(); err != nil {
 			return sum, err
 		}
-		if err := sleep(ctx, o.killEvery); err != nil {
+		if err := consumer.Sleep(ctx, o.killEvery); err != nil {
 			got, failed, _ := progress()
 			return sum, fmt.Errorf("gave up: %w; distinct effects so far %v of %v; failed rows %d of %d", err, got, once, failed, dead)
 		}
 	}
 	// Let the last acks and commits land, then stop the workers cleanly.
-	_ = sleep(ctx, time.Second)
+	_ = consumer.Sleep(ctx, time.Second)
 	stopSlots()
 	jcancel()
 	jwg.Wait()

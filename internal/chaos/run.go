@@ -79,17 +79,6 @@ func plan(prefix string, unique, dupPct int) (ids []string, dups int) {
 	return ids, dups
 }
 
-func sleep(ctx context.Context, d time.Duration) error {
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
-}
-
 // httpServer serves POST /pay through the bridge, on its own pool (whose
 // connections are terminated with the workers').
 type closer struct {
