@@ -67,7 +67,7 @@ func (p *Processor) ProcessBatch(ctx context.Context, msgs []*Message) []Decisio
 			for j, k := range fresh {
 				ran[k] = true
 				m := msgs[keyed[k]]
-				res, err := p.call(ctx, tx, m)
+				res, err := p.call(inbox.WithEvent(ctx, reqs[k].Key), tx, m)
 				if err != nil {
 					handlerErr = err
 					return nil, errBatch

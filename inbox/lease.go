@@ -198,7 +198,7 @@ func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn 
 				rcancel()
 			}
 		}()
-		res, err = fn(runCtx, lease.Token())
+		res, err = fn(WithEvent(runCtx, req.Key), lease.Token())
 		ok = err == nil
 	}()
 	if err != nil {

@@ -271,7 +271,7 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 	cr := claimRow{claimed: true, rec: c.record(req, 0, ""), live: true}
 
 	start := time.Now()
-	res, err := runHandler(ctx, conn, fn)
+	res, err := runHandler(WithEvent(ctx, req.Key), conn, fn)
 	if err != nil {
 		return Outcome{}, err
 	}
@@ -455,7 +455,7 @@ func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, req Request, fn TxFunc) (O
 		return out, nil
 	}
 	start := time.Now()
-	res, err := fn(ctx, tx)
+	res, err := fn(WithEvent(ctx, req.Key), tx)
 	if err = handlerErr(tx.Conn().PgConn(), err); err != nil {
 		l.observe(req, Outcome{}, err)
 		return Outcome{}, err
