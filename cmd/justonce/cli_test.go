@@ -132,12 +132,12 @@ func TestBinary(t *testing.T) {
 		b := newBinary(t, "DATABASE_URL="+pg.URL, "JUSTONCE_SCHEMA="+pg.Schema)
 
 		r := b.must("migrate", "status")
-		require.Contains(t, r.stdout, "schema "+pg.Schema+": version 0 of 1, pending version 1")
+		require.Contains(t, r.stdout, "schema "+pg.Schema+": version 0 of 2, pending versions 1, 2")
 
 		r = b.must("migrate", "up")
-		require.Contains(t, r.stdout, "applied version 1, now at version 1 (was 0)")
+		require.Contains(t, r.stdout, "applied versions 1, 2, now at version 2 (was 0)")
 		r = b.must("migrate", "up")
-		require.Contains(t, r.stdout, "already at version 1")
+		require.Contains(t, r.stdout, "already at version 2")
 
 		var st struct {
 			Schema  string `json:"schema"`
@@ -147,8 +147,8 @@ func TestBinary(t *testing.T) {
 		}
 		b.json(&st, "migrate", "status")
 		require.Equal(t, pg.Schema, st.Schema)
-		require.Equal(t, 1, st.Version)
-		require.Equal(t, 1, st.Latest)
+		require.Equal(t, 2, st.Version)
+		require.Equal(t, 2, st.Latest)
 		require.Empty(t, st.Pending)
 
 		// The migrated table works.
@@ -166,24 +166,24 @@ func TestBinary(t *testing.T) {
 
 		r = b.run("migrate", "up", "--to", "7")
 		require.Equal(t, exitUsage, r.code, "%s", r)
-		r = b.run("migrate", "down", "--yes", "--to", "2")
+		r = b.run("migrate", "down", "--yes", "--to", "3")
 		require.Equal(t, exitUsage, r.code, "%s", r)
 
 		r = b.must("migrate", "down", "--yes")
-		require.Contains(t, r.stdout, "reverted version 1, now at version 0 (was 1)")
+		require.Contains(t, r.stdout, "reverted versions 2, 1, now at version 0 (was 2)")
 		b.json(&st, "migrate", "status")
 		require.Equal(t, 0, st.Version)
-		require.Equal(t, []int{1}, st.Pending)
+		require.Equal(t, []int{1, 2}, st.Pending)
 		require.Equal(t, 0, pg.Count(t, "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_events'", pg.Schema))
 
 		// up and down report in JSON what they did.
 		var mig migrateJSON
 		b.json(&mig, "migrate", "up")
-		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 0, To: 1, Applied: []int{1}}, mig)
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 0, To: 2, Applied: []int{1, 2}}, mig)
 		b.json(&mig, "migrate", "up")
-		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 1, To: 1, Applied: []int{}}, mig)
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 2, To: 2, Applied: []int{}}, mig)
 		b.json(&mig, "migrate", "down", "--yes")
-		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 1, To: 0, Applied: []int{1}}, mig)
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 2, To: 0, Applied: []int{2, 1}}, mig)
 
 		// A ledger command on the unmigrated schema: an operational error
 		// with a hint.
@@ -195,7 +195,7 @@ func TestBinary(t *testing.T) {
 		// Flags win over the environment; without --schema the URL's
 		// search_path names the schema.
 		r = newBinary(t).must("migrate", "up", "--database-url", pg.URL)
-		require.Contains(t, r.stdout, "schema "+pg.Schema+": applied version 1")
+		require.Contains(t, r.stdout, "schema "+pg.Schema+": applied versions 1, 2")
 	})
 
 	t.Run("Ledger", func(t *testing.T) {

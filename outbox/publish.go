@@ -1,0 +1,182 @@
+package outbox
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/segmentio/kafka-go"
+)
+
+// ErrPermanent marks a broker's refusal that publishing again will not
+// change (a message too large, an unknown topic, no stream for a
+// subject): the relay marks the message failed with the error instead of
+// retrying it. errors.Is(err, ErrPermanent) on a PublishError says so.
+var ErrPermanent = errors.New("justonce/outbox: refused by the broker for good")
+
+// PublishError is a broker's answer to one message, as the relay's
+// hooks see it.
+type PublishError struct {
+	ID     string
+	Broker Broker
+	Topic  string
+	// Permanent says the relay marked the message failed rather than
+	// retrying it.
+	Permanent bool
+	Err       error
+}
+
+func (e *PublishError) Error() string {
+	kind := "transient"
+	if e.Permanent {
+		kind = "permanent"
+	}
+	return fmt.Sprintf("justonce/outbox: publish %s to %s %q (%s): %v", e.ID, e.Broker, e.Topic, kind, e.Err)
+}
+
+// Unwrap returns the broker's error, and ErrPermanent when permanent.
+func (e *PublishError) Unwrap() []error {
+	if e.Permanent {
+		return []error{e.Err, ErrPermanent}
+	}
+	return []error{e.Err}
+}
+
+// pending is one row the relay publishes.
+type pending struct {
+	seq     int64
+	id      string
+	broker  Broker
+	topic   string
+	key     []byte
+	headers []header
+	value   []byte
+	err     error // nil: acked
+}
+
+// permanentKafka reports whether a kafka-go error is a refusal for good.
+func permanentKafka(err error) bool {
+	var tooLarge kafka.MessageTooLargeError
+	if errors.As(err, &tooLarge) {
+		return true
+	}
+	var ke kafka.Error
+	if errors.As(err, &ke) {
+		switch ke {
+		case kafka.MessageSizeTooLarge, kafka.UnknownTopicOrPartition, kafka.InvalidTopic,
+			kafka.RecordListTooLarge, kafka.TopicAuthorizationFailed, kafka.InvalidRecord,
+			kafka.InvalidRequiredAcks, kafka.PolicyViolation, kafka.UnsupportedForMessageFormat,
+			kafka.UnknownTopicID:
+			return true
+		}
+	}
+	return false
+}
+
+// permanentNATS reports whether a publish error is a refusal for good.
+func permanentNATS(err error) bool {
+	if errors.Is(err, jetstream.ErrNoStreamResponse) || errors.Is(err, nats.ErrNoResponders) ||
+		errors.Is(err, nats.ErrMaxPayload) || errors.Is(err, nats.ErrBadSubject) {
+		return true
+	}
+	var api *jetstream.APIError
+	if errors.As(err, &api) {
+		switch api.ErrorCode {
+		case jetstream.JSErrCodeStreamMessageExceedsMaximum, jetstream.JSErrCodeStreamNotFound,
+			jetstream.JSErrCodeBadRequest, jetstream.JSErrCodeStreamWrongLastSequence:
+			return true
+		}
+	}
+	return false
+}
+
+// publishKafka sends msgs (one lane's, in order) with w and sets each
+// one's err. A refusal of the whole call that is permanent (kafka-go
+// checks sizes and topics before sending anything) is narrowed down by
+// sending the messages one by one.
+func publishKafka(ctx context.Context, w *kafka.Writer, msgs []*pending) {
+	km := make([]kafka.Message, len(msgs))
+	for i, p := range msgs {
+		hs := make([]kafka.Header, 0, len(p.headers)+1)
+		hs = append(hs, kafka.Header{Key: "ce_id", Value: []byte(p.id)})
+		for _, h := range p.headers {
+			hs = append(hs, kafka.Header{Key: h.Key, Value: h.Value})
+		}
+		km[i] = kafka.Message{Topic: p.topic, Key: p.key, Value: p.value, Headers: hs}
+	}
+	err := w.WriteMessages(ctx, km...)
+	if err == nil {
+		for _, p := range msgs {
+			p.err = nil
+		}
+		return
+	}
+	var werr kafka.WriteErrors
+	if errors.As(err, &werr) && len(werr) == len(msgs) {
+		for i, p := range msgs {
+			p.err = kafkaErr(p, werr[i])
+		}
+		return
+	}
+	if len(msgs) > 1 && permanentKafka(err) {
+		for i := range msgs {
+			publishKafka(ctx, w, msgs[i:i+1])
+		}
+		return
+	}
+	for _, p := range msgs {
+		p.err = kafkaErr(p, err)
+	}
+}
+
+func kafkaErr(p *pending, err error) error {
+	if err == nil {
+		return nil
+	}
+	return &PublishError{ID: p.id, Broker: Kafka, Topic: p.topic, Permanent: permanentKafka(err), Err: err}
+}
+
+// publishNATS publishes msgs asynchronously, in order on one connection,
+// and waits for every ack (until ctx ends).
+func publishNATS(ctx context.Context, js jetstream.JetStream, msgs []*pending) {
+	futs := make([]jetstream.PubAckFuture, len(msgs))
+	for i, p := range msgs {
+		m := nats.NewMsg(p.topic)
+		m.Data = p.value
+		m.Header.Set(jetstream.MsgIDHeader, p.id)
+		for _, h := range p.headers {
+			m.Header.Add(h.Key, string(h.Value))
+		}
+		f, err := js.PublishMsgAsync(m)
+		if err != nil {
+			p.err = natsErr(p, err)
+			continue
+		}
+		futs[i] = f
+	}
+	for i, f := range futs {
+		if f == nil {
+			continue
+		}
+		p := msgs[i]
+		select {
+		case <-f.Ok():
+			p.err = nil
+		case err := <-f.Err():
+			p.err = natsErr(p, err)
+		case <-ctx.Done():
+			p.err = natsErr(p, fmt.Errorf("waiting for the ack: %w", ctx.Err()))
+		}
+	}
+}
+
+func natsErr(p *pending, err error) error {
+	return &PublishError{ID: p.id, Broker: NATS, Topic: p.topic, Permanent: permanentNATS(err), Err: err}
+}
+
+// publishTimeout bounds a batch's publish when RelayConfig.PublishTimeout
+// is not set.
+const defaultPublishTimeout = 30 * time.Second

@@ -1,0 +1,529 @@
+package outbox
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/justonce/justonce/consumer"
+)
+
+// Relay defaults.
+const (
+	DefaultBatchSize      = 500
+	DefaultPollInterval   = time.Second
+	DefaultConcurrency    = 4
+	DefaultPublishTimeout = 30 * time.Second
+)
+
+// RelayConfig configures a Relay.
+type RelayConfig struct {
+	// Kafka publishes the messages whose Broker is Kafka. The relay needs
+	// it synchronous (Async false) and without a Topic of its own (each
+	// message names its topic), and sets on it, before its first use:
+	// RequiredAcks = kafka.RequireAll (acks from every in-sync replica);
+	// when zero, Balancer = kafka.Murmur2Balancer (a key always lands on
+	// the same partition, as with the Java client), BatchSize = BatchSize
+	// and BatchTimeout = 1 ms (the relay hands it whole batches; kafka-go's
+	// 1 s default would hold each one back). A Kafka message with no
+	// writer configured stays pending.
+	Kafka *kafka.Writer
+	// NATS publishes the messages whose Broker is NATS, to JetStream,
+	// asynchronously, awaiting every ack. A NATS message with no
+	// JetStream configured stays pending.
+	NATS jetstream.JetStream
+	// BatchSize is how many messages of one lane a relay publishes per
+	// transaction. Default DefaultBatchSize.
+	BatchSize int
+	// PollInterval is how often the relay looks for messages when no
+	// notification came. Default DefaultPollInterval.
+	PollInterval time.Duration
+	// Concurrency is how many lanes the relay publishes at once (each
+	// holds a pool connection while it publishes). Default
+	// DefaultConcurrency.
+	Concurrency int
+	// PublishTimeout bounds the publishing of one batch (the wait for the
+	// broker's acks). Default DefaultPublishTimeout.
+	PublishTimeout time.Duration
+	// Backoff spaces the attempts at a lane whose broker failed for the
+	// time being. Defaults as consumer.Backoff's.
+	Backoff consumer.Backoff
+	// Hooks are told what the relay did, for metrics. Any may be nil.
+	Hooks RelayHooks
+	// Logger; default the Outbox's.
+	Logger *slog.Logger
+}
+
+// RelayHooks are told what a relay does. They are called from the
+// relay's goroutines and must not block.
+type RelayHooks struct {
+	// OnPublished: n messages to broker were acked and deleted.
+	OnPublished func(broker Broker, n int)
+	// OnFailed: the broker refused a message for good; it is marked
+	// failed (err.Permanent is true).
+	OnFailed func(err *PublishError)
+	// OnRetry: publishing failed for the time being; the message stays
+	// pending and its lane is tried again after a backoff.
+	OnRetry func(err *PublishError)
+}
+
+// Relay publishes the outbox's committed messages. Several relays (in one
+// process or many) may run on one outbox: each lane is published by one
+// relay at a time.
+type Relay struct {
+	o       *Outbox
+	cfg     RelayConfig
+	log     *slog.Logger
+	started atomic.Bool
+
+	mu      sync.Mutex
+	backoff map[int]laneBackoff
+}
+
+type laneBackoff struct {
+	attempt int
+	until   time.Time
+}
+
+// Relay returns a relay for the outbox. It changes cfg.Kafka's settings
+// as RelayConfig.Kafka says.
+func (o *Outbox) Relay(cfg RelayConfig) (*Relay, error) {
+	if cfg.Kafka == nil && cfg.NATS == nil {
+		return nil, errors.New("justonce/outbox: a relay needs a Kafka writer or a NATS JetStream")
+	}
+	if cfg.BatchSize <= 0 {
+		cfg.BatchSize = DefaultBatchSize
+	}
+	if cfg.PollInterval <= 0 {
+		cfg.PollInterval = DefaultPollInterval
+	}
+	if cfg.Concurrency <= 0 {
+		cfg.Concurrency = DefaultConcurrency
+	}
+	if cfg.PublishTimeout <= 0 {
+		cfg.PublishTimeout = DefaultPublishTimeout
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = o.log
+	}
+	if w := cfg.Kafka; w != nil {
+		if w.Async {
+			return nil, errors.New("justonce/outbox: the Kafka writer must be synchronous (Async false)")
+		}
+		if w.Topic != "" {
+			return nil, errors.New("justonce/outbox: the Kafka writer must not set Topic: each message names its own")
+		}
+		w.RequiredAcks = kafka.RequireAll
+		if w.Balancer == nil {
+			w.Balancer = kafka.Murmur2Balancer{}
+		}
+		if w.BatchSize == 0 {
+			w.BatchSize = cfg.BatchSize
+		}
+		if w.BatchTimeout == 0 {
+			w.BatchTimeout = time.Millisecond
+		}
+	}
+	return &Relay{o: o, cfg: cfg, log: cfg.Logger, backoff: map[int]laneBackoff{}}, nil
+}
+
+// Run publishes until ctx ends, then finishes the batches in hand and
+// returns nil. It wakes when a transaction that added messages commits
+// (LISTEN on the outbox's channel, on a pool connection it holds) and
+// polls every PollInterval besides. A second call returns
+// consumer.ErrRunOnce.
+func (r *Relay) Run(ctx context.Context) error {
+	if !r.started.CompareAndSwap(false, true) {
+		return consumer.ErrRunOnce
+	}
+	wake := make(chan struct{}, 1)
+	lctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		r.listen(lctx, wake)
+	}()
+	defer func() {
+		cancel()
+		wg.Wait()
+	}()
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	<-timer.C
+	for {
+		if ctx.Err() != nil {
+			return nil
+		}
+		busy, next, err := r.round(ctx)
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("justonce/outbox: relay round failed", "err", err)
+		}
+		if busy {
+			continue
+		}
+		wait := r.cfg.PollInterval
+		if err != nil {
+			wait = min(wait, time.Second)
+		}
+		if !next.IsZero() {
+			wait = min(wait, max(time.Until(next), time.Millisecond))
+		}
+		timer.Reset(wait)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-wake:
+		case <-timer.C:
+		}
+		if !timer.Stop() {
+			select {
+			case <-timer.C:
+			default:
+			}
+		}
+	}
+}
+
+// listen holds a LISTEN on the outbox's channel and signals wake on
+// every notification, and after each (re)connection.
+func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
+	signal := func() {
+		select {
+		case wake <- struct{}{}:
+		default:
+		}
+	}
+	attempt := 0
+	for ctx.Err() == nil {
+		err := func() error {
+			conn, err := r.o.pool.Acquire(ctx)
+			if err != nil {
+				return err
+			}
+			defer func() {
+				// The connection listens: close it rather than hand it back.
+				_ = conn.Conn().Close(context.Background())
+				conn.Release()
+			}()
+			if _, err := conn.Exec(ctx, `LISTEN `+pgx.Identifier{r.o.channel}.Sanitize()); err != nil {
+				return err
+			}
+			attempt = 0
+			signal() // what committed while nobody listened
+			for {
+				if _, err := conn.Conn().WaitForNotification(ctx); err != nil {
+					return err
+				}
+				signal()
+			}
+		}()
+		if ctx.Err() != nil {
+			return
+		}
+		attempt++
+		d := r.cfg.Backoff.Delay(attempt)
+		r.log.Warn("justonce/outbox: relay listener lost; polling meanwhile", "err", err, "retry_in", d)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(d):
+		}
+	}
+}
+
+// round publishes every lane that has pending messages and is not backing
+// off, Concurrency lanes at a time. busy says a lane had more than one
+// batch's worth (look again at once); next is when the earliest backing
+// off lane may be tried again.
+func (r *Relay) round(ctx context.Context) (busy bool, next time.Time, err error) {
+	lanes, err := r.pendingLanes(ctx)
+	if err != nil {
+		return false, time.Time{}, err
+	}
+	now := time.Now()
+	todo := lanes[:0]
+	r.mu.Lock()
+	for _, l := range lanes {
+		if b, ok := r.backoff[l]; ok && b.until.After(now) {
+			if next.IsZero() || b.until.Before(next) {
+				next = b.until
+			}
+			continue
+		}
+		todo = append(todo, l)
+	}
+	r.mu.Unlock()
+	// Relays start from different lanes, so that they meet rarely.
+	rand.Shuffle(len(todo), func(i, j int) { todo[i], todo[j] = todo[j], todo[i] })
+
+	var (
+		wg      sync.WaitGroup
+		sem     = make(chan struct{}, r.cfg.Concurrency)
+		mu      sync.Mutex
+		firstEr error
+		anyMore bool
+	)
+	for _, lane := range todo {
+		if ctx.Err() != nil {
+			break
+		}
+		sem <- struct{}{}
+		wg.Add(1)
+		go func(lane int) {
+			defer func() { <-sem; wg.Done() }()
+			more, err := r.drainLane(ctx, lane)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil && firstEr == nil {
+				firstEr = err
+			}
+			if more {
+				anyMore = true
+			}
+		}(lane)
+	}
+	wg.Wait()
+	r.mu.Lock()
+	for _, b := range r.backoff {
+		if b.until.After(now) && (next.IsZero() || b.until.Before(next)) {
+			next = b.until
+		}
+	}
+	r.mu.Unlock()
+	return anyMore, next, firstEr
+}
+
+// pendingLanes lists the lanes with pending messages (a loose index scan
+// of outbox_pending_idx: one probe per lane).
+func (r *Relay) pendingLanes(ctx context.Context) ([]int, error) {
+	t := r.o.table
+	rows, err := r.o.pool.Query(ctx, `WITH RECURSIVE l(lane) AS (
+    (SELECT lane FROM `+t+` WHERE status = 'pending' ORDER BY lane LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.lane FROM `+t+` o WHERE o.status = 'pending' AND o.lane > l.lane ORDER BY o.lane LIMIT 1)
+    FROM l WHERE l.lane IS NOT NULL
+) SELECT lane FROM l WHERE lane IS NOT NULL`)
+	if err != nil {
+		return nil, fmt.Errorf("justonce/outbox: pending lanes: %w", err)
+	}
+	return pgx.CollectRows(rows, pgx.RowTo[int])
+}
+
+// drainLane publishes a lane's batches until it is empty, another relay
+// holds it, or its broker fails. more says it stopped with a full batch
+// left to look at (only when ctx ended).
+func (r *Relay) drainLane(ctx context.Context, lane int) (more bool, err error) {
+	for ctx.Err() == nil {
+		n, full, err := r.batch(ctx, lane)
+		if err != nil || !full || n == 0 {
+			return false, err
+		}
+	}
+	return true, nil
+}
+
+func (r *Relay) lockKey(lane int) string {
+	return "justonce.outbox:" + r.o.schema + ":" + strconv.Itoa(lane)
+}
+
+// batch publishes one batch of the lane, in its own transaction holding
+// the lane's advisory lock. n is how many rows it took, full whether it
+// took BatchSize of them.
+func (r *Relay) batch(ctx context.Context, lane int) (n int, full bool, err error) {
+	// The batch in hand is finished even when ctx ends: a context of its
+	// own, bounded by PublishTimeout.
+	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
+	defer cancel()
+	conn, err := r.o.pool.Acquire(bctx)
+	if err != nil {
+		return 0, false, fmt.Errorf("justonce/outbox: acquire: %w", err)
+	}
+	defer conn.Release()
+	tx, err := conn.Begin(bctx)
+	if err != nil {
+		return 0, false, fmt.Errorf("justonce/outbox: begin: %w", err)
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	var locked bool
+	// The lock in a statement of its own: the next statement's snapshot
+	// then sees every batch the previous holder committed.
+	if err := tx.QueryRow(bctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, r.lockKey(lane)).Scan(&locked); err != nil {
+		return 0, false, fmt.Errorf("justonce/outbox: lane lock: %w", err)
+	}
+	if !locked {
+		return 0, false, nil
+	}
+	msgs, err := r.load(bctx, tx, lane)
+	if err != nil {
+		return 0, false, err
+	}
+	if len(msgs) == 0 {
+		return 0, false, nil
+	}
+	var kmsgs, nmsgs []*pending
+	for _, p := range msgs {
+		switch p.broker {
+		case Kafka:
+			kmsgs = append(kmsgs, p)
+		case NATS:
+			nmsgs = append(nmsgs, p)
+		}
+	}
+	// A lane is one (broker, topic, key) hash: both brokers in one lane
+	// publish side by side.
+	var wg sync.WaitGroup
+	if len(kmsgs) > 0 {
+		if r.cfg.Kafka == nil {
+			for _, p := range kmsgs {
+				p.err = &PublishError{ID: p.id, Broker: Kafka, Topic: p.topic, Err: errors.New("the relay has no Kafka writer")}
+			}
+		} else {
+			wg.Add(1)
+			go func() { defer wg.Done(); publishKafka(bctx, r.cfg.Kafka, kmsgs) }()
+		}
+	}
+	if len(nmsgs) > 0 {
+		if r.cfg.NATS == nil {
+			for _, p := range nmsgs {
+				p.err = &PublishError{ID: p.id, Broker: NATS, Topic: p.topic, Err: errors.New("the relay has no NATS JetStream")}
+			}
+		} else {
+			wg.Add(1)
+			go func() { defer wg.Done(); publishNATS(bctx, r.cfg.NATS, nmsgs) }()
+		}
+	}
+	wg.Wait()
+
+	var (
+		done                []int64
+		failSeq, retrySeq   []int64
+		failErr, retryErr   []string
+		pubKafka, pubNATS   int
+		firstTransient      *PublishError
+		failedErrs, retries []*PublishError
+	)
+	for _, p := range msgs {
+		if p.err == nil {
+			done = append(done, p.seq)
+			if p.broker == Kafka {
+				pubKafka++
+			} else {
+				pubNATS++
+			}
+			continue
+		}
+		var pe *PublishError
+		if !errors.As(p.err, &pe) {
+			pe = &PublishError{ID: p.id, Broker: p.broker, Topic: p.topic, Err: p.err}
+		}
+		if pe.Permanent {
+			failSeq = append(failSeq, p.seq)
+			failErr = append(failErr, pe.Err.Error())
+			failedErrs = append(failedErrs, pe)
+		} else {
+			retrySeq = append(retrySeq, p.seq)
+			retryErr = append(retryErr, pe.Err.Error())
+			retries = append(retries, pe)
+			if firstTransient == nil {
+				firstTransient = pe
+			}
+		}
+	}
+	b := &pgx.Batch{}
+	if len(done) > 0 {
+		b.Queue(`DELETE FROM `+r.o.table+` WHERE seq = ANY($1)`, done)
+	}
+	if len(failSeq) > 0 {
+		b.Queue(`UPDATE `+r.o.table+` o SET status = 'failed', error = f.err, attempts = o.attempts + 1, failed_at = now()
+FROM unnest($1::bigint[], $2::text[]) AS f(seq, err) WHERE o.seq = f.seq`, failSeq, failErr)
+	}
+	if len(retrySeq) > 0 {
+		b.Queue(`UPDATE `+r.o.table+` o SET error = f.err, attempts = o.attempts + 1
+FROM unnest($1::bigint[], $2::text[]) AS f(seq, err) WHERE o.seq = f.seq`, retrySeq, retryErr)
+	}
+	if err := tx.SendBatch(bctx, b).Close(); err != nil {
+		return 0, false, fmt.Errorf("justonce/outbox: record batch: %w", err)
+	}
+	if err := tx.Commit(bctx); err != nil {
+		// Published, not recorded: the next holder of the lane publishes
+		// them again (downstream dedupes on the ID).
+		return 0, false, fmt.Errorf("justonce/outbox: commit batch: %w", err)
+	}
+	h := r.cfg.Hooks
+	if h.OnPublished != nil {
+		if pubKafka > 0 {
+			h.OnPublished(Kafka, pubKafka)
+		}
+		if pubNATS > 0 {
+			h.OnPublished(NATS, pubNATS)
+		}
+	}
+	for _, pe := range failedErrs {
+		r.log.Error("justonce/outbox: message refused for good; marked failed", "id", pe.ID, "broker", pe.Broker, "topic", pe.Topic, "err", pe.Err)
+		if h.OnFailed != nil {
+			h.OnFailed(pe)
+		}
+	}
+	for _, pe := range retries {
+		if h.OnRetry != nil {
+			h.OnRetry(pe)
+		}
+	}
+	r.mu.Lock()
+	if firstTransient != nil {
+		b := r.backoff[lane]
+		b.attempt++
+		d := r.cfg.Backoff.Delay(b.attempt)
+		b.until = time.Now().Add(d)
+		r.backoff[lane] = b
+		r.mu.Unlock()
+		r.log.Warn("justonce/outbox: publishing failed; retrying the lane", "lane", lane, "id", firstTransient.ID,
+			"broker", firstTransient.Broker, "topic", firstTransient.Topic, "err", firstTransient.Err, "retry_in", d)
+		return len(msgs), false, nil
+	}
+	delete(r.backoff, lane)
+	r.mu.Unlock()
+	return len(msgs), len(msgs) == r.cfg.BatchSize, nil
+}
+
+// load reads the lane's oldest pending messages, in order.
+func (r *Relay) load(ctx context.Context, tx pgx.Tx, lane int) ([]*pending, error) {
+	rows, err := tx.Query(ctx, `SELECT seq, id, broker, topic, key, headers, value FROM `+r.o.table+`
+WHERE lane = $1 AND status = 'pending' ORDER BY seq LIMIT $2`, lane, r.cfg.BatchSize)
+	if err != nil {
+		return nil, fmt.Errorf("justonce/outbox: load: %w", err)
+	}
+	defer rows.Close()
+	var out []*pending
+	for rows.Next() {
+		p := &pending{}
+		var hdr []byte
+		var broker string
+		if err := rows.Scan(&p.seq, &p.id, &broker, &p.topic, &p.key, &hdr, &p.value); err != nil {
+			return nil, fmt.Errorf("justonce/outbox: load: %w", err)
+		}
+		p.broker = Broker(broker)
+		if len(hdr) > 0 {
+			if err := json.Unmarshal(hdr, &p.headers); err != nil {
+				return nil, fmt.Errorf("justonce/outbox: message %s headers: %w", p.id, err)
+			}
+		}
+		out = append(out, p)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("justonce/outbox: load: %w", err)
+	}
+	return out, nil
+}
