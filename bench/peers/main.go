@@ -1,0 +1,489 @@
+// Command peers measures justonce's Kafka consumer beside what a user would
+// use instead, on the same broker, the same Postgres and the same handler
+// (one business row per event, 20 % duplicate deliveries):
+//
+//   - justonce: kafkainbox.Consumer with its defaults;
+//   - a hand-written inbox: INSERT the key as 'processing', run the
+//     handler, UPDATE it to 'done', in one transaction, on a plain kafka-go
+//     group reader;
+//   - Watermill's Kafka subscriber with its Deduplicator middleware;
+//   - Watermill's transactional PostgreSQL subscriber (the messages in a
+//     Postgres table, the effect in the subscriber's transaction) with the
+//     Deduplicator.
+//
+// Each peer consumes the same pre-produced stream in a child process. The
+// throughput phase times the stream from the first effect to the last
+// (database timestamps, so group joins are not counted); the crash phase
+// SIGKILLs the child once mid-stream (after some but not all effects),
+// restarts it, and counts the effects against the unique event IDs: lost =
+// IDs without an effect, doubled = effects beyond one per ID.
+//
+//	go run . -events 20000
+//
+// Postgres and Kafka are found through JUSTONCE_TEST_POSTGRES_URL and
+// JUSTONCE_TEST_KAFKA_BROKERS, or the repository's .services.env that
+// `make services-up` writes. PEERS_EVENTS, PEERS_PARTITIONS and
+// PEERS_ROUNDS set the defaults of -events, -partitions and -rounds.
+package main
+
+import (
+	"bufio"
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"flag"
+	"fmt"
+	"os"
+	"os/exec"
+	"os/signal"
+	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"text/tabwriter"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/justonce/justonce/migrations"
+)
+
+type options struct {
+	events     int
+	dupPercent int
+	partitions int
+	rounds     int
+	killAt     float64
+	seed       uint64
+	peers      []string
+	timeout    time.Duration
+	keep       bool
+
+	pgURL   string
+	brokers []string
+}
+
+func main() {
+	log := func(err error) {
+		fmt.Fprintln(os.Stderr, "peers:", err)
+		os.Exit(1)
+	}
+	var o options
+	var child, topic, group, schema, peers string
+	flag.IntVar(&o.events, "events", envInt("PEERS_EVENTS", 20000), "events per peer and phase (duplicates included)")
+	flag.IntVar(&o.dupPercent, "dup", 20, "percent of the events that are duplicates")
+	flag.IntVar(&o.partitions, "partitions", envInt("PEERS_PARTITIONS", 4), "partitions of each Kafka topic")
+	flag.IntVar(&o.rounds, "rounds", envInt("PEERS_ROUNDS", 1), "throughput rounds per peer (the median is reported)")
+	flag.Float64Var(&o.killAt, "kill-at", 0.3, "SIGKILL the consumer once this fraction of the unique events has its effect")
+	flag.Uint64Var(&o.seed, "seed", 1, "seed of the workload (the same stream for every peer)")
+	flag.StringVar(&peers, "peers", strings.Join(slugs(), ","), "peers to run")
+	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "longest wait of one phase of one peer")
+	flag.BoolVar(&o.keep, "keep", false, "keep the schemas and topics")
+	flag.StringVar(&child, "child", "", "internal: run this peer's consumer")
+	flag.StringVar(&topic, "topic", "", "internal: topic of -child")
+	flag.StringVar(&group, "group", "", "internal: consumer group of -child")
+	flag.StringVar(&schema, "schema", "", "internal: schema of -child")
+	flag.Parse()
+
+	var err error
+	if o.pgURL, o.brokers, err = services(); err != nil {
+		log(err)
+	}
+	if child != "" {
+		if err := runChild(o, child, topic, group, schema); err != nil {
+			log(err)
+		}
+		return
+	}
+	o.peers = strings.Split(peers, ",")
+	if o.events < 100 || o.partitions < 1 || o.rounds < 1 || o.killAt <= 0 || o.killAt >= 1 || o.dupPercent < 0 || o.dupPercent > 50 {
+		log(errors.New("need -events >= 100, -partitions >= 1, -rounds >= 1, 0 < -kill-at < 1, 0 <= -dup <= 50"))
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	if err := run(ctx, o); err != nil {
+		log(err)
+	}
+}
+
+func slugs() []string {
+	var s []string
+	for _, p := range peerNames {
+		s = append(s, peerSlug[p])
+	}
+	return s
+}
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil {
+		return v
+	}
+	return def
+}
+
+// services finds Postgres and Kafka: the environment, else the nearest
+// .services.env up from the working directory.
+func services() (pgURL string, brokers []string, err error) {
+	pgURL, kafkaAddr := os.Getenv("JUSTONCE_TEST_POSTGRES_URL"), os.Getenv("JUSTONCE_TEST_KAFKA_BROKERS")
+	if pgURL == "" || kafkaAddr == "" {
+		dir, _ := os.Getwd()
+		for ; ; dir = filepath.Dir(dir) {
+			if f, err := os.Open(filepath.Join(dir, ".services.env")); err == nil {
+				s := bufio.NewScanner(f)
+				for s.Scan() {
+					k, v, _ := strings.Cut(s.Text(), "=")
+					switch {
+					case k == "JUSTONCE_TEST_POSTGRES_URL" && pgURL == "":
+						pgURL = v
+					case k == "JUSTONCE_TEST_KAFKA_BROKERS" && kafkaAddr == "":
+						kafkaAddr = v
+					}
+				}
+				f.Close()
+				break
+			}
+			if filepath.Dir(dir) == dir {
+				break
+			}
+		}
+	}
+	if pgURL == "" || kafkaAddr == "" {
+		return "", nil, errors.New("set JUSTONCE_TEST_POSTGRES_URL and JUSTONCE_TEST_KAFKA_BROKERS (`make services-up` starts both and writes .services.env)")
+	}
+	return pgURL, strings.Split(kafkaAddr, ","), nil
+}
+
+func openPool(ctx context.Context, pgURL, schema string, maxConns int32) (*pgxpool.Pool, error) {
+	cfg, err := pgxpool.ParseConfig(pgURL)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	if maxConns > 0 {
+		cfg.MaxConns = maxConns
+	}
+	return pgxpool.NewWithConfig(ctx, cfg)
+}
+
+func runChild(o options, peer, topic, group, schema string) error {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	pool, err := openPool(ctx, o.pgURL, schema, 0)
+	if err != nil {
+		return err
+	}
+	defer pool.Close()
+	return consume(ctx, childArgs{peer: peer, topic: topic, group: group, brokers: o.brokers, pool: pool})
+}
+
+// lane is one peer's setup for one phase: its schema, topic and group.
+type lane struct {
+	o          options
+	peer, slug string
+	name       string // schema, topic and group
+	pool       *pgxpool.Pool
+	unique     int
+	cmd        *exec.Cmd
+	exited     chan error
+}
+
+func newLane(ctx context.Context, o options, runID, peer, phase string, events []event, unique int) (*lane, error) {
+	l := &lane{o: o, peer: peer, slug: peerSlug[peer], unique: unique}
+	l.name = fmt.Sprintf("peers_%s_%s_%s", runID, l.slug, phase)
+	admin, err := pgx.Connect(ctx, o.pgURL)
+	if err != nil {
+		return nil, err
+	}
+	defer admin.Close(ctx)
+	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{l.name}.Sanitize()); err != nil {
+		return nil, err
+	}
+	if l.pool, err = openPool(ctx, o.pgURL, l.name, 4); err != nil {
+		return nil, err
+	}
+	if _, err := l.pool.Exec(ctx, `
+		CREATE TABLE effects (event_id text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp());
+		CREATE TABLE idempotency_keys (
+			key          text PRIMARY KEY,
+			status       text NOT NULL CHECK (status IN ('processing', 'done', 'failed')),
+			created_at   timestamptz NOT NULL DEFAULT now(),
+			completed_at timestamptz
+		)`); err != nil {
+		return nil, err
+	}
+	if _, err := migrations.New(l.pool, migrations.Config{Schema: l.name}).Up(ctx); err != nil {
+		return nil, err
+	}
+	if l.slug == "watermillsql" {
+		return l, produceSQL(ctx, l.pool, l.topic(), events)
+	}
+	if err := createTopic(o.brokers, l.topic(), o.partitions); err != nil {
+		return nil, err
+	}
+	return l, produceKafka(ctx, o.brokers, l.topic(), events)
+}
+
+func (l *lane) topic() string { return strings.ReplaceAll(l.name, "_", "-") }
+
+func (l *lane) start() error {
+	exe, err := os.Executable()
+	if err != nil {
+		return err
+	}
+	l.cmd = exec.Command(exe, "-child", l.slug, "-topic", l.topic(), "-group", l.topic(), "-schema", l.name)
+	l.cmd.Env = append(os.Environ(), "JUSTONCE_TEST_POSTGRES_URL="+l.o.pgURL, "JUSTONCE_TEST_KAFKA_BROKERS="+strings.Join(l.o.brokers, ","))
+	l.cmd.Stdout, l.cmd.Stderr = os.Stderr, os.Stderr
+	if err := l.cmd.Start(); err != nil {
+		return err
+	}
+	l.exited = make(chan error, 1)
+	go func(c *exec.Cmd, done chan error) { done <- c.Wait() }(l.cmd, l.exited)
+	return nil
+}
+
+// kill SIGKILLs the consumer and waits for it to be gone.
+func (l *lane) kill() {
+	_ = l.cmd.Process.Kill()
+	<-l.exited
+}
+
+// stop asks the consumer to stop (SIGTERM) and waits up to a minute.
+func (l *lane) stop() error {
+	_ = l.cmd.Process.Signal(syscall.SIGTERM)
+	select {
+	case err := <-l.exited:
+		return err
+	case <-time.After(time.Minute):
+		l.kill()
+		return fmt.Errorf("%s: did not stop within a minute of SIGTERM; killed", l.peer)
+	}
+}
+
+func (l *lane) counts(ctx context.Context) (total, distinct int, err error) {
+	err = l.pool.QueryRow(ctx, `SELECT count(*), count(DISTINCT event_id) FROM effects`).Scan(&total, &distinct)
+	return total, distinct, err
+}
+
+// waitFor polls the effects until cond holds, the child exits, or the
+// phase's deadline passes.
+func (l *lane) waitFor(ctx context.Context, what string, cond func(total, distinct int) bool) error {
+	deadline := time.Now().Add(l.o.timeout)
+	for {
+		total, distinct, err := l.counts(ctx)
+		if err != nil {
+			return err
+		}
+		if cond(total, distinct) {
+			return nil
+		}
+		select {
+		case err := <-l.exited:
+			l.exited <- err
+			return fmt.Errorf("%s: consumer exited (%v) before %s (%d effects, %d IDs)", l.peer, err, what, total, distinct)
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("%s: no %s after %v (%d effects, %d of %d IDs)", l.peer, what, l.o.timeout, total, distinct, l.unique)
+		}
+	}
+}
+
+// settle waits until every ID has an effect and the count has not moved
+// for two seconds (redeliveries after a restart come first in each
+// partition, so by then they ran). It gives up at the deadline: what is
+// missing then is lost.
+func (l *lane) settle(ctx context.Context) (total, distinct int, err error) {
+	deadline := time.Now().Add(l.o.timeout)
+	last, since := -1, time.Now()
+	for {
+		if total, distinct, err = l.counts(ctx); err != nil {
+			return 0, 0, err
+		}
+		if total != last {
+			last, since = total, time.Now()
+		}
+		if distinct == l.unique && time.Since(since) >= 2*time.Second {
+			return total, distinct, nil
+		}
+		if time.Now().After(deadline) {
+			return total, distinct, nil
+		}
+		select {
+		case <-ctx.Done():
+			return 0, 0, ctx.Err()
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (l *lane) cleanUp(ctx context.Context) {
+	if l.pool != nil {
+		l.pool.Close()
+	}
+	if l.o.keep {
+		return
+	}
+	if admin, err := pgx.Connect(ctx, l.o.pgURL); err == nil {
+		_, _ = admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{l.name}.Sanitize()+" CASCADE")
+		_ = admin.Close(ctx)
+	}
+	if l.slug != "watermillsql" {
+		if conn, err := kafka.Dial("tcp", l.o.brokers[0]); err == nil {
+			_ = conn.DeleteTopics(l.topic())
+			_ = conn.Close()
+		}
+	}
+}
+
+// throughput runs one peer over the whole stream and returns events/s over
+// the span from its first effect to its last.
+func throughput(ctx context.Context, o options, runID string, round int, peer string, events []event, unique int) (float64, error) {
+	l, err := newLane(ctx, o, runID, peer, "t"+strconv.Itoa(round), events, unique)
+	if l != nil {
+		defer l.cleanUp(context.WithoutCancel(ctx))
+	}
+	if err != nil {
+		return 0, err
+	}
+	if err := l.start(); err != nil {
+		return 0, err
+	}
+	err = l.waitFor(ctx, "effect for every ID", func(_, distinct int) bool { return distinct == unique })
+	stopErr := l.stop()
+	if err != nil {
+		return 0, err
+	}
+	if stopErr != nil {
+		fmt.Fprintln(os.Stderr, "peers:", stopErr)
+	}
+	var span float64
+	var total int
+	if err := l.pool.QueryRow(ctx, `SELECT count(*), extract(epoch FROM max(at) - min(at))::float8 FROM effects`).Scan(&total, &span); err != nil {
+		return 0, err
+	}
+	if total != unique {
+		return 0, fmt.Errorf("%s: %d effects for %d IDs in a run without faults", peer, total, unique)
+	}
+	return float64(len(events)) / span, nil
+}
+
+// crashResult is what one SIGKILL did to one peer.
+type crashResult struct {
+	atKill          int // effects when the consumer was killed
+	lost, doubled   int
+	total, distinct int
+}
+
+// crash runs one peer, SIGKILLs it once mid-stream, restarts it, and counts.
+func crash(ctx context.Context, o options, runID, peer string, events []event, unique int) (crashResult, error) {
+	var r crashResult
+	l, err := newLane(ctx, o, runID, peer, "k", events, unique)
+	if l != nil {
+		defer l.cleanUp(context.WithoutCancel(ctx))
+	}
+	if err != nil {
+		return r, err
+	}
+	if err := l.start(); err != nil {
+		return r, err
+	}
+	threshold := int(o.killAt * float64(unique))
+	if err := l.waitFor(ctx, fmt.Sprintf("%d effects", threshold), func(total, _ int) bool { return total >= threshold }); err != nil {
+		l.kill()
+		return r, err
+	}
+	l.kill()
+	if r.atKill, _, err = l.counts(ctx); err != nil {
+		return r, err
+	}
+	// Work was in flight: the stream was neither untouched nor finished.
+	if r.atKill == 0 || r.atKill >= unique {
+		return r, fmt.Errorf("%s: killed with %d of %d effects: not mid-stream", peer, r.atKill, unique)
+	}
+	if err := l.start(); err != nil {
+		return r, err
+	}
+	r.total, r.distinct, err = l.settle(ctx)
+	if stopErr := l.stop(); stopErr != nil {
+		fmt.Fprintln(os.Stderr, "peers:", stopErr)
+	}
+	if err != nil {
+		return r, err
+	}
+	r.lost, r.doubled = unique-r.distinct, r.total-r.distinct
+	return r, nil
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+func run(ctx context.Context, o options) error {
+	b := make([]byte, 3)
+	_, _ = rand.Read(b)
+	runID := hex.EncodeToString(b)
+	events, unique := workload(o.events, o.dupPercent, o.seed)
+	var peers []string
+	for _, p := range peerNames {
+		if slices.Contains(o.peers, peerSlug[p]) {
+			peers = append(peers, p)
+		}
+	}
+	if len(peers) == 0 || peers[0] != peerJustonce {
+		return errors.New("-peers must include justonce: the ratios are against it")
+	}
+	fmt.Fprintf(os.Stderr, "peers: %d events (%d unique IDs, %d %% duplicates), %d partitions, %d round(s), run %s\n",
+		len(events), unique, o.dupPercent, o.partitions, o.rounds, runID)
+
+	rates := map[string][]float64{}
+	for round := range o.rounds {
+		order := slices.Clone(peers)
+		if round%2 == 1 {
+			slices.Reverse(order) // alternate who runs first on a busy machine
+		}
+		for _, p := range order {
+			rate, err := throughput(ctx, o, runID, round, p, events, unique)
+			if err != nil {
+				return fmt.Errorf("throughput: %w", err)
+			}
+			fmt.Fprintf(os.Stderr, "peers: round %d %-26s %8.0f events/s\n", round+1, p, rate)
+			rates[p] = append(rates[p], rate)
+		}
+	}
+	crashes := map[string]crashResult{}
+	for _, p := range peers {
+		r, err := crash(ctx, o, runID, p, events, unique)
+		if err != nil {
+			return fmt.Errorf("crash: %w", err)
+		}
+		fmt.Fprintf(os.Stderr, "peers: crash %-26s killed at %d/%d effects; after restart %d effects, %d IDs\n", p, r.atKill, unique, r.total, r.distinct)
+		crashes[p] = r
+	}
+
+	base := median(rates[peerJustonce])
+	fmt.Printf("\n%d events per peer (%d unique IDs, %d %% duplicates), %d Kafka partitions, one business row per event; median of %d round(s)\n",
+		len(events), unique, o.dupPercent, o.partitions, o.rounds)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
+	fmt.Fprintln(tw, "peer\tevents/s\tvs justonce\tkilled at\tlost\tdoubled\t")
+	for _, p := range peers {
+		rate, c := median(rates[p]), crashes[p]
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2f×\t%d/%d\t%d\t%d\t\n", p, rate, rate/base, c.atKill, unique, c.lost, c.doubled)
+	}
+	_ = tw.Flush()
+	fmt.Println("justonce vs each peer (events/s ratio):")
+	for _, p := range peers[1:] {
+		fmt.Printf("  justonce / %s = %.2f×\n", p, base/median(rates[p]))
+	}
+	return nil
+}

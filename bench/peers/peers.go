@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/IBM/sarama"
+	"github.com/ThreeDotsLabs/watermill"
+	wkafka "github.com/ThreeDotsLabs/watermill-kafka/v3/pkg/kafka"
+	wsql "github.com/ThreeDotsLabs/watermill-sql/v4/pkg/sql"
+	"github.com/ThreeDotsLabs/watermill/message"
+	"github.com/ThreeDotsLabs/watermill/message/router/middleware"
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/kafkainbox"
+)
+
+// The peers, in the order of the table.
+const (
+	peerJustonce    = "justonce"
+	peerHandwritten = "hand-written inbox"
+	peerWatermill   = "watermill kafka + dedup"
+	peerWatermillSQ = "watermill sql tx + dedup"
+)
+
+var peerNames = []string{peerJustonce, peerHandwritten, peerWatermill, peerWatermillSQ}
+
+// peerSlug names a peer in flags, topics and schemas.
+var peerSlug = map[string]string{
+	peerJustonce:    "justonce",
+	peerHandwritten: "handwritten",
+	peerWatermill:   "watermill",
+	peerWatermillSQ: "watermillsql",
+}
+
+// effectSQL is the business effect every peer runs once per event: one row
+// in effects. The table has no unique constraint, so a doubled effect shows
+// as a second row.
+const effectSQL = `INSERT INTO effects (event_id) VALUES ($1)`
+
+// childArgs is what the orchestrator hands a consumer process.
+type childArgs struct {
+	peer    string
+	topic   string
+	group   string
+	brokers []string
+	pool    *pgxpool.Pool
+}
+
+// consume runs one peer's consumer until ctx ends.
+func consume(ctx context.Context, a childArgs) error {
+	switch a.peer {
+	case "justonce":
+		return consumeJustonce(ctx, a)
+	case "handwritten":
+		return consumeHandwritten(ctx, a)
+	case "watermill":
+		return consumeWatermillKafka(ctx, a)
+	case "watermillsql":
+		return consumeWatermillSQL(ctx, a)
+	}
+	return fmt.Errorf("unknown peer %q", a.peer)
+}
+
+// consumeJustonce: kafkainbox.Consumer with its defaults. The ledger row and
+// the effect commit in one transaction; offsets are committed after it.
+func consumeJustonce(ctx context.Context, a childArgs) error {
+	ledger, err := inbox.New(a.pool, inbox.Config{})
+	if err != nil {
+		return err
+	}
+	c, err := kafkainbox.New(kafkainbox.Config{
+		Brokers:   a.brokers,
+		Topic:     a.topic,
+		GroupID:   a.group,
+		Processor: consumer.Config{Ledger: ledger},
+	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, effectSQL, m.ID)
+		return err
+	})
+	if err != nil {
+		return err
+	}
+	return c.Run(ctx)
+}
+
+// consumeHandwritten is the inbox a user writes by hand, following the
+// lifecycle of an idempotency-key table: INSERT the key as 'processing',
+// run the business operation, UPDATE the key to 'done', each its own
+// statement, in one transaction, then commit the Kafka offset. A key that
+// already exists is a duplicate: skipped. The unique key serializes two
+// transactions claiming the same ID (the second INSERT waits for the first
+// to commit or roll back), so nothing doubles; a crash rolls back the
+// three statements together, so nothing is lost or stuck in 'processing'.
+//
+// It is a plain kafka-go group reader, one message at a time, with its
+// offsets committed every second (kafka-go's asynchronous commits), and the
+// same group timings as justonce's consumer (10 s session timeout).
+func consumeHandwritten(ctx context.Context, a childArgs) error {
+	r := kafka.NewReader(kafka.ReaderConfig{
+		Brokers:           a.brokers,
+		Topic:             a.topic,
+		GroupID:           a.group,
+		CommitInterval:    time.Second,
+		MaxWait:           time.Second,
+		SessionTimeout:    10 * time.Second,
+		RebalanceTimeout:  10 * time.Second,
+		HeartbeatInterval: time.Second,
+		JoinGroupBackoff:  time.Second,
+	})
+	defer r.Close()
+	for {
+		m, err := r.FetchMessage(ctx)
+		if err != nil {
+			if ctx.Err() != nil {
+				return nil
+			}
+			return fmt.Errorf("fetch: %w", err)
+		}
+		var id string
+		for _, h := range m.Headers {
+			if h.Key == idHeader {
+				id = string(h.Value)
+			}
+		}
+		for {
+			err = handwrittenOnce(ctx, a.pool, id)
+			if err == nil || ctx.Err() != nil {
+				break
+			}
+			time.Sleep(100 * time.Millisecond) // retry the message in place
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		if err := r.CommitMessages(ctx, m); err != nil && ctx.Err() == nil {
+			return fmt.Errorf("commit offset: %w", err)
+		}
+	}
+}
+
+func handwrittenOnce(ctx context.Context, pool *pgxpool.Pool, id string) error {
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
+	tag, err := tx.Exec(ctx, `INSERT INTO idempotency_keys (key, status) VALUES ($1, 'processing') ON CONFLICT (key) DO NOTHING`, id)
+	if err != nil {
+		return err
+	}
+	if tag.RowsAffected() == 0 {
+		return nil // seen before: the row is 'done' (a 'processing' row never commits)
+	}
+	if _, err := tx.Exec(ctx, effectSQL, id); err != nil {
+		return err
+	}
+	if _, err := tx.Exec(ctx, `UPDATE idempotency_keys SET status = 'done', completed_at = now() WHERE key = $1`, id); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// dedup is Watermill's Deduplicator keyed on the event ID (the event-id
+// header, which Watermill's Kafka unmarshaler puts into the metadata, as
+// the SQL publisher stores it), with its default repository: an in-memory
+// map with a one-minute window.
+func dedup() message.HandlerMiddleware {
+	repo, err := middleware.NewMapExpiringKeyRepository(time.Minute)
+	if err != nil {
+		panic(err)
+	}
+	d := &middleware.Deduplicator{KeyFactory: middleware.NewMessageHasherFromMetadataField(idHeader), Repository: repo}
+	return d.Middleware
+}
+
+// consumeWatermillKafka: Watermill's router with the Kafka subscriber
+// (Sarama consumer group, one handler goroutine per partition, offsets
+// marked on ack and auto-committed every second) and the Deduplicator
+// middleware. The effect is its own statement on the pool, as a Watermill
+// handler has no transaction shared with the offset.
+func consumeWatermillKafka(ctx context.Context, a childArgs) error {
+	sc := wkafka.DefaultSaramaSubscriberConfig()
+	// Watermill's default (Kafka 1.0 protocol) is refused by Kafka 4, which
+	// dropped protocol versions older than 2.1.
+	sc.Version = sarama.V3_6_0_0
+	sc.Consumer.Offsets.Initial = sarama.OffsetOldest
+	sub, err := wkafka.NewSubscriber(wkafka.SubscriberConfig{
+		Brokers:               a.brokers,
+		Unmarshaler:           wkafka.DefaultMarshaler{},
+		OverwriteSaramaConfig: sc,
+		ConsumerGroup:         a.group,
+	}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	return runRouter(ctx, sub, a.topic, func(msg *message.Message) error {
+		_, err := a.pool.Exec(msg.Context(), effectSQL, msg.Metadata.Get(idHeader))
+		return err
+	})
+}
+
+// consumeWatermillSQL: Watermill's PostgreSQL subscriber (the messages live
+// in a Postgres table) in its transactional form: the handler's effect goes
+// through the subscriber's transaction (TxFromContext), which also advances
+// the consumer group's offset, so a message's effect and its ack commit
+// together. Duplicates (the same event ID published twice) are different
+// messages to it: the Deduplicator middleware drops them, in memory.
+func consumeWatermillSQL(ctx context.Context, a childArgs) error {
+	sub, err := wsql.NewSubscriber(wsql.BeginnerFromPgx(a.pool), wsql.SubscriberConfig{
+		ConsumerGroup:    a.group,
+		SchemaAdapter:    wsql.DefaultPostgreSQLSchema{},
+		OffsetsAdapter:   wsql.DefaultPostgreSQLOffsetsAdapter{},
+		InitializeSchema: true,
+	}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	return runRouter(ctx, sub, a.topic, func(msg *message.Message) error {
+		tx, ok := wsql.TxFromContext(msg.Context())
+		if !ok {
+			return errors.New("watermill-sql: no transaction in the message's context")
+		}
+		_, err := tx.ExecContext(msg.Context(), effectSQL, msg.Metadata.Get(idHeader))
+		return err
+	})
+}
+
+func runRouter(ctx context.Context, sub message.Subscriber, topic string, h func(*message.Message) error) error {
+	router, err := message.NewRouter(message.RouterConfig{}, watermill.NopLogger{})
+	if err != nil {
+		return err
+	}
+	router.AddMiddleware(dedup())
+	router.AddConsumerHandler("effects", topic, sub, h)
+	return router.Run(ctx)
+}
