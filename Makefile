@@ -67,3 +67,14 @@ chaos: services-up
 chaos-short: services-up
 	$(GO) run ./internal/chaos -events 5000 -kills 8 -redis-outages 2 -pg-terminates 3 -pg-crashes 1 \
 		-kafka-crashes 1 -nats-restarts 1 -net-faults 3 -releases 2 -hostile-every 100 -http-keys 500 -timeout 6m
+
+# bench-peers: justonce's Kafka consumer (defaults) beside what a user would use
+# instead (a hand-written inbox table, Watermill's Kafka subscriber and its
+# transactional SQL subscriber, both with the Deduplicator middleware), on the
+# same Kafka, Postgres and handler: events/s and the ratio against justonce in
+# the same run, then one SIGKILL of each consumer mid-stream: effects lost and
+# doubled. PEERS_EVENTS (default 20000; CI: 2000), PEERS_PARTITIONS (4),
+# PEERS_ROUNDS (1). The peers live in their own module, bench/peers.
+.PHONY: bench-peers
+bench-peers: services-up
+	cd bench/peers && $(GO) run .
