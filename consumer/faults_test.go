@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -469,19 +470,49 @@ func TestCancelledContextStops(t *testing.T) {
 	require.Equal(t, 1, m.Attempt)
 }
 
-// A batch whose handler left the transaction aborted (a swallowed error),
-// or whose deferred constraint fails at COMMIT, is a handler failure: the
-// batch is split, the others run, and only the hostile message is retried,
-// counted.
+// Hostile handlers mixed into a busy batch: each message runs in its own
+// savepoint of one shared transaction, so a handler that fails (an error,
+// a panic, nil returned on an aborted savepoint) is rolled back alone and
+// the others commit in that transaction; a deferred constraint failing at
+// COMMIT cannot be pinned on one savepoint, so that batch is split and
+// each message runs alone. Only the hostile message is retried, counted.
 func TestBatchIsolatesHostileHandlers(t *testing.T) {
 	t.Parallel()
-	for _, h := range hostile[:2] {
+	cases := append([]struct {
+		name  string
+		check func(t *testing.T, err error)
+		run   func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error
+	}{}, hostile...)
+	cases = append(cases, struct {
+		name  string
+		check func(t *testing.T, err error)
+		run   func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error
+	}{
+		name:  "panic after a write",
+		check: func(t *testing.T, err error) { require.ErrorAs(t, err, new(*consumer.PanicError)) },
+		run: func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if _, err := tx.Exec(ctx, `INSERT INTO effects VALUES ($1)`, m.ID); err != nil {
+				return err
+			}
+			panic("handler bug")
+		},
+	})
+	for _, h := range cases {
 		t.Run(h.name, func(t *testing.T) {
 			t.Parallel()
 			f := setupHostile(t)
-			var batchCalls atomic.Int64
+			var calls atomic.Int64
+			var mu sync.Mutex
+			txOf := map[string][]int64{} // message -> the transactions it ran in
 			p, err := consumer.New(f.cfg(), func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-				batchCalls.Add(1)
+				calls.Add(1)
+				var xid int64
+				if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&xid); err != nil {
+					return err
+				}
+				mu.Lock()
+				txOf[m.ID] = append(txOf[m.ID], xid)
+				mu.Unlock()
 				if m.ID == "bad" {
 					return h.run(ctx, tx, m)
 				}
@@ -493,21 +524,55 @@ func TestBatchIsolatesHostileHandlers(t *testing.T) {
 				msgs = append(msgs, msg(fmt.Sprintf("ok%d", i)))
 			}
 			msgs = append(msgs, msg("bad"))
-			ds := p.ProcessBatch(context.Background(), msgs)
-			// The batch ran all six once, then each on its own.
-			require.EqualValues(t, 12, batchCalls.Load(), "the batch ran and was split")
-			for i := 0; i < 5; i++ {
-				require.Equal(t, consumer.Ack, ds[i].Action, i)
-				require.Equal(t, inbox.Executed, ds[i].Outcome.Disposition, i)
-				require.False(t, ds[i].Counted)
+			for i := 5; i < 10; i++ {
+				msgs = append(msgs, msg(fmt.Sprintf("ok%d", i)))
 			}
-			require.Equal(t, consumer.Retry, ds[5].Action)
-			require.True(t, ds[5].Counted)
-			h.check(t, ds[5].Err)
-			require.Equal(t, 5, f.pg.Count(t, `SELECT count(*) FROM effects`))
+			ds := p.ProcessBatch(context.Background(), msgs)
+			atCommit := strings.Contains(h.name, "COMMIT")
+			if atCommit {
+				// The first transaction ran all eleven and failed at
+				// COMMIT; then each ran alone up to the hostile one, and
+				// the rest in a new shared transaction.
+				require.EqualValues(t, 11+6+5, calls.Load())
+			} else {
+				require.EqualValues(t, 11, calls.Load(), "each handler ran once")
+			}
+			for i, d := range ds {
+				if msgs[i].ID == "bad" {
+					require.Equal(t, consumer.Retry, d.Action)
+					require.True(t, d.Counted)
+					require.True(t, d.HandlerRan)
+					h.check(t, d.Err)
+					continue
+				}
+				require.Equal(t, consumer.Ack, d.Action, i)
+				require.Equal(t, inbox.Executed, d.Outcome.Disposition, i)
+				require.False(t, d.Counted)
+			}
+			require.Equal(t, 10, f.pg.Count(t, `SELECT count(*) FROM effects`))
 			require.Equal(t, 0, f.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = 'bad'`))
+			require.Equal(t, 10, f.pg.Count(t, `SELECT count(*) FROM processed_events`), "the hostile message's claim rolled back with it")
 			for _, m := range msgs {
 				require.Equal(t, 1, m.Attempt, "the batch's failure counted against nobody")
+			}
+			// The batch was real: the messages before the hostile one ran in
+			// its transaction; the run ended there (the messages behind a
+			// failed one wait for its retry), and the ones after it shared
+			// a second transaction.
+			mu.Lock()
+			defer mu.Unlock()
+			shared := txOf["bad"][0]
+			for i := 0; i < 5; i++ {
+				require.Equal(t, shared, txOf[fmt.Sprintf("ok%d", i)][0], "ok%d ran in the batch's transaction", i)
+			}
+			if !atCommit {
+				require.Len(t, txOf["bad"], 1)
+			}
+			second := txOf["ok5"][len(txOf["ok5"])-1]
+			require.NotEqual(t, shared, second)
+			for i := 6; i < 10; i++ {
+				ids := txOf[fmt.Sprintf("ok%d", i)]
+				require.Equal(t, second, ids[len(ids)-1], "ok%d ran in the second shared transaction", i)
 			}
 		})
 	}
