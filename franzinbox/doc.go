@@ -1,0 +1,85 @@
+// Package franzinbox runs a twmb/franz-go (kgo) consumer group through the
+// justonce ledger, so that each event ID has its effect exactly once inside
+// the handler's Postgres transaction, whatever Kafka redelivers
+// (rebalances, a crash between the database commit and the offset commit,
+// producer retries, replays). It has the shape of kafkainbox, the
+// segmentio/kafka-go front: the same Config fields, New, Run and
+// guarantees; pick it for franz-go's throughput, its cooperative
+// rebalancing and its read-committed isolation.
+//
+// A Consumer reads Config.Topics as a member of a consumer group. For
+// each message it extracts the event ID (DefaultID: the CloudEvents ce_id
+// header, then event-id, then Idempotency-Key), claims it in the ledger
+// and runs the handler in the same transaction (consumer.Processor). A
+// duplicate is acknowledged without running the handler. The handler's
+// consumer.Message has Raw set to the *kgo.Record.
+//
+// Keep the ledger's retention (Processor.TTL, or the ledger's default)
+// longer than anything Kafka may redeliver: the topic's retention when you
+// may rewind the group or replay the topic.
+//
+// Guarantees:
+//   - Read committed: the client fetches with read-committed isolation, so
+//     records of transactions that were aborted are never delivered, and
+//     those of a transaction still open wait for its commit. Transaction
+//     markers are never delivered either. (kafka-go, under kafkainbox,
+//     delivers the records of aborted transactions.)
+//   - An offset is committed only after the ledger transaction of its message
+//     (and of every earlier message of its partition) committed: the commit
+//     never passes an unprocessed offset. Offsets are committed every
+//     Config.CommitInterval, when partitions are revoked and once more at
+//     shutdown, so a crash redelivers at most CommitInterval's worth, and
+//     the ledger skips it.
+//   - Order is kept within a partition: a partition's messages run one after
+//     the other and a failing message is retried in place, with backoff, by
+//     the runtime's retry loop (consumer.Processor.Retry) before the next
+//     one runs. Config.Concurrency and Config.Ordering allow parallelism
+//     across partitions or across keys; the commit watermark of each
+//     partition then waits for the slowest message below it.
+//   - One bad message holds up only what must wait for it: the messages
+//     behind it in its partition (or its key, with ByKey). While it waits
+//     between attempts it holds no Concurrency slot, so the other
+//     partitions go on, even with Concurrency 1, until Config.MaxBuffered
+//     polled messages are waiting; polling then pauses until the bad
+//     message is done, which takes at most its retry budget
+//     (Processor.MaxAttempts counted failures, with backoff).
+//   - After Processor.MaxAttempts failed attempts (or at once for a
+//     consumer.Permanent error) the message is published to the dead-letter
+//     topic (default "<topic>.dlq") with the consumer.DeadLetterHeaders,
+//     recorded as failed in the ledger, and its offset committed: the
+//     messages behind it go on. A record without an event ID is
+//     dead-lettered at once, or with Processor.AllowNoID run in a plain
+//     transaction, without dedupe. It is never skipped.
+//   - Batch mode (Config.BatchSize) claims up to BatchSize polled messages
+//     of one partition in one statement and runs the new ones in one
+//     transaction; a failing message is isolated and retried on its own,
+//     the others are kept.
+//   - Rebalances: when partitions are revoked (franz-go's cooperative
+//     rebalancing revokes only those that move), their queued messages are
+//     dropped, the attempts in flight finish (up to half the rebalance
+//     timeout, then they are cancelled and rolled back), and what is done
+//     is committed before the group hands the partitions on. The client
+//     blocks rebalances from a poll until its records are queued
+//     (kgo.BlockRebalanceOnPoll), so no record of a revoked partition
+//     runs after the revoke. Two members therefore run one partition's
+//     messages at once only when a handler outlives that wait, and then
+//     the ledger answers InFlight, then Duplicate, to the new owner.
+//     Order within a partition holds across rebalances too.
+//   - Run stops as every front does (see the consumer package, "Fronts"):
+//     it stops polling when its context ends, lets in-flight work finish
+//     (up to Config.ShutdownTimeout), commits, leaves the group and returns
+//     nil.
+//
+// Replay: Consumer.Replay (or Replay with any consumer.Processor) re-reads
+// a topic from an offset or a time, up to where it stood when the replay
+// began, through the same handler: the ledger skips what already ran and
+// only the missing events run; a dry run only counts. A replay joins no
+// group and commits nothing.
+//
+// Restarts: the Consumer gives franz-go a session timeout of 10 s
+// (DefaultSessionTimeout; franz-go's is 45 s), a 1 s heartbeat and a 10 s
+// rebalance timeout, so a killed member's partitions, and a restarted
+// process, consume again about 10 s after the kill; a live member silent
+// for longer is dropped and the group rebalances. Adjust them with
+// Config.ClientOptions.
+package franzinbox
