@@ -1,8 +1,11 @@
 // Command payments is a payments service that takes the same "pay" command
-// over HTTP (Idempotency-Key), Kafka and NATS JetStream, all on one justonce
-// ledger in one scope. It sends one payment through all three paths,
-// several times each and partly at once, and shows that exactly one payment
-// was made.
+// over HTTP (Idempotency-Key), gRPC, Kafka and NATS JetStream, all on one
+// justonce ledger in one scope. It sends one payment through all four
+// paths, several times each and partly at once, and shows that exactly one
+// payment was made. The payment handler publishes PaymentCaptured through
+// the transactional outbox, in the payment's transaction; a relay sends it
+// to Kafka, where a second service, receipts, consumes it on its own
+// ledger scope: one payment, one event, one receipt.
 //
 //	make demo        # starts Postgres, Redis, Kafka; NATS is embedded here
 package main
@@ -12,6 +15,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -47,6 +51,7 @@ import (
 	"github.com/justonce/justonce/kafkainbox"
 	"github.com/justonce/justonce/migrations"
 	"github.com/justonce/justonce/natsinbox"
+	"github.com/justonce/justonce/outbox"
 )
 
 const scope = "payments" // shared by the HTTP route, the gRPC method and both consumers
@@ -59,14 +64,14 @@ var paymentsService = grpc.ServiceDesc{
 	HandlerType: (*any)(nil),
 	Methods: []grpc.MethodDesc{{
 		MethodName: "Pay",
-		Handler: func(_ any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
+		Handler: func(srv any, ctx context.Context, dec func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
 			in := new(wrapperspb.StringValue)
 			if err := dec(in); err != nil {
 				return nil, err
 			}
 			h := func(ctx context.Context, _ any) (any, error) {
 				key, _ := grpcbridge.Key(ctx)
-				id, err := pay(ctx, grpcbridge.Tx(ctx), key, "grpc")
+				id, err := srv.(*payments).pay(ctx, grpcbridge.Tx(ctx), key, "grpc")
 				if err != nil {
 					return nil, status.Error(codes.Unavailable, err.Error()) // released: rolled back, key free
 				}
@@ -101,11 +106,25 @@ func randHex(n int) string {
 	return hex.EncodeToString(b)
 }
 
-// pay is the business effect, the same for every path: one payment row.
-func pay(ctx context.Context, tx pgx.Tx, key, via string) (string, error) {
+// payments is the payment service: its outbox, and the topic its
+// PaymentCaptured events go to.
+type payments struct {
+	events *outbox.Outbox
+	topic  string
+}
+
+// pay is the business effect, the same for every path: one payment row,
+// and its PaymentCaptured event in the outbox, in the same transaction.
+// The event's ID is derived from the command's key, the same on every run.
+func (p *payments) pay(ctx context.Context, tx pgx.Tx, key, via string) (string, error) {
 	paymentID := "pay_" + randHex(6)
-	_, err := tx.Exec(ctx, `INSERT INTO payments (payment_id, idempotency_key, order_id, amount_cents, first_seen_via)
-		VALUES ($1, $2, 'order-42', 1999, $3)`, paymentID, key, via)
+	if _, err := tx.Exec(ctx, `INSERT INTO payments (payment_id, idempotency_key, order_id, amount_cents, first_seen_via)
+		VALUES ($1, $2, 'order-42', 1999, $3)`, paymentID, key, via); err != nil {
+		return "", err
+	}
+	_, err := p.events.Add(ctx, tx, outbox.Message{Broker: outbox.Kafka, Topic: p.topic, Key: []byte("order-42"),
+		Headers: []consumer.Header{{Key: "ce_type", Value: []byte("PaymentCaptured")}},
+		Value:   []byte(fmt.Sprintf(`{"payment_id":%q,"order":"order-42","cents":1999}`, paymentID))})
 	return paymentID, err
 }
 
@@ -126,9 +145,16 @@ func run(ctx context.Context) error {
 		return fmt.Errorf("migrate (is Postgres up? `make services-up`): %w", err)
 	}
 	if _, err := pool.Exec(ctx, `CREATE TABLE IF NOT EXISTS payments (payment_id text PRIMARY KEY,
-		idempotency_key text, order_id text, amount_cents int, first_seen_via text, created_at timestamptz DEFAULT now())`); err != nil {
+		idempotency_key text, order_id text, amount_cents int, first_seen_via text, created_at timestamptz DEFAULT now());
+		CREATE TABLE IF NOT EXISTS receipts (receipt_id text PRIMARY KEY, payment_id text, event_id text,
+		created_at timestamptz DEFAULT now())`); err != nil {
 		return err
 	}
+	events, err := outbox.New(pool, outbox.Config{Schema: schema})
+	if err != nil {
+		return err
+	}
+	svc := &payments{events: events, topic: "payments-captured-" + randHex(4)}
 
 	// One ledger, Redis in front.
 	rdb := redis.NewClient(&redis.Options{Addr: env("JUSTONCE_TEST_REDIS_ADDR", "127.0.0.1:56379"), ContextTimeoutEnabled: true})
@@ -154,7 +180,7 @@ func run(ctx context.Context) error {
 	}
 	handler := func(via string) consumer.Handler {
 		return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			id, err := pay(ctx, tx, m.ID, via)
+			id, err := svc.pay(ctx, tx, m.ID, via)
 			// Recorded, so an HTTP retry with this key replays it.
 			consumer.SetResult(ctx, inbox.Result{Code: 201, Header: map[string][]string{"Content-Type": {"application/json"}},
 				Body: []byte(fmt.Sprintf(`{"payment_id":%q,"via":%q}`, id, via))})
@@ -171,7 +197,7 @@ func run(ctx context.Context) error {
 	mux := http.NewServeMux()
 	mux.Handle("POST /payments", route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		key, _ := httpbridge.Key(r.Context())
-		id, err := pay(r.Context(), httpbridge.Tx(r.Context()), key, "http")
+		id, err := svc.pay(r.Context(), httpbridge.Tx(r.Context()), key, "http")
 		if err != nil {
 			http.Error(w, err.Error(), http.StatusServiceUnavailable)
 			return
@@ -195,7 +221,7 @@ func run(ctx context.Context) error {
 		return err
 	}
 	gsrv := grpc.NewServer(grpc.UnaryInterceptor(gbridge.UnaryServerInterceptor()))
-	gsrv.RegisterService(&paymentsService, nil)
+	gsrv.RegisterService(&paymentsService, svc)
 	gln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return err
@@ -214,6 +240,9 @@ func run(ctx context.Context) error {
 	topic := "payments-" + randHex(4)
 	if err := createTopic(brokers[0], topic); err != nil {
 		return fmt.Errorf("kafka (is it up? `make services-up`): %w", err)
+	}
+	if err := createTopic(brokers[0], svc.topic); err != nil {
+		return err
 	}
 	kc, err := kafkainbox.New(kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: "payments-demo-" + randHex(3),
 		Processor: consumer.Config{Ledger: ledger, Scope: scope, Hooks: hooks("kafka")}}, handler("kafka"))
@@ -253,10 +282,43 @@ func run(ctx context.Context) error {
 		return err
 	}
 
+	// The relay: publishes what the payment transactions added, once they
+	// committed.
+	relayW := &kafka.Writer{Addr: kafka.TCP(brokers...)}
+	defer relayW.Close()
+	relay, err := events.Relay(outbox.RelayConfig{Kafka: relayW, PollInterval: 100 * time.Millisecond})
+	if err != nil {
+		return err
+	}
+
+	// Receipts: a second service, consuming PaymentCaptured from Kafka on
+	// its own scope of the ledger, one receipt per event.
+	var receipted atomic.Int64
+	receipts, err := kafkainbox.New(kafkainbox.Config{Brokers: brokers, Topic: svc.topic, GroupID: "receipts-demo-" + randHex(3),
+		Processor: consumer.Config{Ledger: ledger, Scope: "receipts", Hooks: consumer.Hooks{
+			OnOutcome: func(m *consumer.Message, out inbox.Outcome, _ time.Duration) {
+				receipted.Add(1)
+				logf("receipts delivery of PaymentCaptured %s -> %s", inbox.Mask(m.ID), out.Disposition)
+			}}}},
+		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			var ev struct {
+				PaymentID string `json:"payment_id"`
+			}
+			if err := json.Unmarshal(m.Value, &ev); err != nil {
+				return consumer.Permanent(err)
+			}
+			_, err := tx.Exec(ctx, `INSERT INTO receipts (receipt_id, payment_id, event_id) VALUES ($1, $2, $3)`,
+				"rcpt_"+randHex(6), ev.PaymentID, m.ID)
+			return err
+		})
+	if err != nil {
+		return err
+	}
+
 	runCtx, stopConsumers := context.WithCancel(ctx)
 	defer stopConsumers()
 	var wg sync.WaitGroup
-	for _, c := range []interface{ Run(context.Context) error }{kc, natsC} {
+	for _, c := range []interface{ Run(context.Context) error }{kc, natsC, relay, receipts} {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
@@ -318,11 +380,12 @@ func run(ctx context.Context) error {
 		logf("grpc  call %d -> %s replayed=%q %s", i, status.Code(err), strings.Join(hdr.Get("idempotent-replayed"), ""), out.GetValue())
 	}
 
-	// Wait until all six broker deliveries were answered.
-	for deadline := time.Now().Add(60 * time.Second); answered.Load() < 6; time.Sleep(20 * time.Millisecond) {
+	// Wait until all six broker deliveries were answered and receipts
+	// answered the PaymentCaptured event.
+	for deadline := time.Now().Add(60 * time.Second); answered.Load() < 6 || receipted.Load() < 1; time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
 			stopConsumers()
-			return fmt.Errorf("only %d of 6 broker deliveries answered", answered.Load())
+			return fmt.Errorf("only %d of 6 broker deliveries and %d PaymentCaptured deliveries answered", answered.Load(), receipted.Load())
 		}
 	}
 	stopConsumers()
@@ -337,11 +400,32 @@ func run(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	fmt.Printf("\n12 deliveries over 4 paths -> %d payment (made via %s); ledger: status=%s source=%s\n", n, via, rec.Status, rec.Source)
-	if n != 1 {
-		return fmt.Errorf("expected exactly one payment, got %d", n)
+	var nReceipts int
+	if err := pool.QueryRow(ctx, `SELECT count(*) FROM receipts r JOIN payments p USING (payment_id)
+		WHERE p.idempotency_key = $1`, key).Scan(&nReceipts); err != nil {
+		return err
+	}
+	published, err := topicLen(brokers[0], svc.topic)
+	if err != nil {
+		return err
+	}
+	fmt.Printf("\n12 deliveries over 4 paths -> %d payment (made via %s) -> %d PaymentCaptured (outbox) -> %d receipt; ledger: status=%s source=%s\n",
+		n, via, published, nReceipts, rec.Status, rec.Source)
+	if n != 1 || published != 1 || nReceipts != 1 {
+		return fmt.Errorf("expected exactly one payment, event and receipt, got %d, %d, %d", n, published, nReceipts)
 	}
 	return nil
+}
+
+// topicLen is how many messages the one-partition topic holds.
+func topicLen(broker, topic string) (int64, error) {
+	conn, err := kafka.DialLeader(context.Background(), "tcp", broker, topic, 0)
+	if err != nil {
+		return 0, err
+	}
+	defer conn.Close()
+	first, last, err := conn.ReadOffsets()
+	return last - first, err
 }
 
 // createTopic creates a one-partition topic through the cluster's

@@ -32,6 +32,7 @@ import (
 	"github.com/justonce/justonce/internal/svcenv"
 	"github.com/justonce/justonce/kafkainbox"
 	"github.com/justonce/justonce/migrations"
+	"github.com/justonce/justonce/outbox"
 )
 
 // Fault kinds, as counted in the summary.
@@ -44,9 +45,10 @@ const (
 	fNatsRestart = "NATS restart (file store)"
 	fNet         = "network fault"
 	fRelease     = "operator release+resend"
+	fRelayKill   = "outbox relay SIGKILL"
 )
 
-var faultOrder = []string{fKill, fRedis, fPgTerminate, fPgCrash, fKafkaCrash, fNatsRestart, fNet, fRelease}
+var faultOrder = []string{fKill, fRelayKill, fRedis, fPgTerminate, fPgCrash, fKafkaCrash, fNatsRestart, fNet, fRelease}
 
 const janitorScope = "chaos-janitor"
 
@@ -67,6 +69,12 @@ type summary struct {
 	deadLettered                             map[string]int
 	janitorCreated, janitorLeft, janitorGone int
 	natsSync                                 string
+	layout                                   string
+	killsBy                                  map[string]int // SIGKILLs by worker role
+	hops                                     *hops
+	hopLost, hopDoubled                      map[string]int
+	hopLedger                                map[string][2]int // scope -> done, failed
+	hopHTTPMismatched                        int
 	took                                     time.Duration
 	problems                                 []string
 }
@@ -79,6 +87,7 @@ func (s *summary) problem(format string, args ...any) {
 
 func (s *summary) print(w io.Writer) {
 	fmt.Fprintf(w, "\n== justonce chaos summary (%s) ==\n", s.took.Round(time.Second))
+	fmt.Fprintf(w, "ledger layout: %s\n", s.layout)
 	for _, t := range s.transports {
 		fmt.Fprintf(w, "%-6s events produced %7d  duplicates %6d  unique %7d  effects %7d  distinct %7d\n",
 			t, s.produced[t], s.duplicates[t], s.unique[t], s.effects[t], s.distinct[t])
@@ -96,6 +105,15 @@ func (s *summary) print(w io.Writer) {
 		switch f {
 		case fKill:
 			extra = fmt.Sprintf(" (+%d workers exited on their own)", s.obs.crashes)
+			if len(s.killsBy) > 0 {
+				var ks []string
+				for _, r := range []string{"kafka", "nats", roleKNA, roleKNB, roleHKA, roleHKB, roleRelay} {
+					if n := s.killsBy[r]; n > 0 {
+						ks = append(ks, fmt.Sprintf("%s %d", r, n))
+					}
+				}
+				extra += " [" + strings.Join(ks, ", ") + "]"
+			}
 		case fPgTerminate:
 			extra = fmt.Sprintf(" (%d connections)", s.pgTerminated)
 		case fNet:
@@ -135,6 +153,31 @@ func (s *summary) print(w io.Writer) {
 			s.httpRequests, s.httpFailed, s.httpMismatched)
 	}
 	fmt.Fprintf(w, "ledger rows: %d done, %d failed\n", s.ledgerDone, s.ledgerFailed)
+	if h := s.hops; h != nil {
+		for _, pipe := range []string{pipeKN, pipeHK} {
+			if (pipe == pipeKN && !h.kn) || (pipe == pipeHK && !h.hk) {
+				continue
+			}
+			a, b := "chaos-kn-a", "chaos-kn-b"
+			if pipe == pipeHK {
+				a, b = "chaos-hk-a", "chaos-hk-b"
+			}
+			fmt.Fprintf(w, "two-hop %s: %d unique source IDs -> B effects %d, distinct %d: lost %d, doubled %d; ledger A %d done, B %d done; relays published %d messages to the hop (%d more than unique); B answered %d deliveries as duplicates\n",
+				pipe, s.unique[pipe], s.effects[pipe], s.distinct[pipe], s.hopLost[pipe], s.hopDoubled[pipe],
+				s.hopLedger[a][0], s.hopLedger[b][0], h.published[pipe], h.published[pipe]-int64(s.unique[pipe]),
+				s.obs.get("hop-duplicate:"+map[string]string{pipeKN: roleKNB, pipeHK: roleHKB}[pipe]))
+		}
+		if h.hk {
+			fmt.Fprintf(w, "two-hop http: %d requests, %d without a 2xx in the end, %d keys answered with differing bodies\n",
+				h.httpRequests.Load(), h.httpFailed.Load(), s.hopHTTPMismatched)
+		}
+		fmt.Fprintf(w, "outbox relays: started %d times, %d publish attempts failed for the time being (retried), %d messages refused for good; outbox at the end: %s",
+			s.obs.get("relay-started"), s.obs.get("relay-retry"), s.obs.get("relay-failed"), h.stats)
+		if h.statsErr != nil {
+			fmt.Fprintf(w, " (error: %v)", h.statsErr)
+		}
+		fmt.Fprintln(w)
+	}
 	fmt.Fprintf(w, "violations: %d\n", len(s.problems))
 	for _, p := range s.problems {
 		fmt.Fprintln(w, "  -", p)
@@ -164,11 +207,12 @@ func durations(d []time.Duration) string {
 // producer emits one transport's plan in chunks, and resends single
 // events (after an operator released them).
 type producer struct {
-	name   string
-	ids    []string
-	next   int
-	emit   func(ctx context.Context, ids []string) error
-	expect map[string]hostileKind // unique ID -> kind
+	name    string
+	ids     []string
+	next    int
+	emit    func(ctx context.Context, ids []string) error
+	expect  map[string]hostileKind // unique ID -> kind
+	closeFn func()
 }
 
 // emitRetry emits ids, retrying for up to 2 minutes while the broker is
@@ -194,17 +238,33 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 	sum = &summary{produced: map[string]int{}, duplicates: map[string]int{}, unique: map[string]int{},
 		hostile: map[string]map[hostileKind]int{}, effects: map[string]int{}, distinct: map[string]int{},
 		faults: map[string]int{}, netKinds: map[string]int{}, down: map[string][]time.Duration{},
-		deadLettered: map[string]int{}, obs: obs}
+		deadLettered: map[string]int{}, obs: obs, killsBy: map[string]int{},
+		hopLost: map[string]int{}, hopDoubled: map[string]int{}, hopLedger: map[string][2]int{}}
 	defer func() { sum.took = time.Since(start) }()
 	want := map[string]bool{}
 	for _, t := range strings.Split(o.transports, ",") {
 		want[strings.TrimSpace(t)] = true
 	}
-	if !want["kafka"] {
+	h := &hops{kn: o.twoHop > 0, hk: o.twoHopHTTPKeys > 0}
+	hopsOn := h.kn || h.hk
+	if !want["kafka"] && !hopsOn {
 		o.kafkaCrashes = 0
 	}
-	if !want["nats"] {
+	if !want["nats"] && !h.kn {
 		o.natsRestarts = 0
+	}
+	if !hopsOn {
+		o.relayKills = 0
+	}
+	var layout migrations.Layout
+	switch o.layout {
+	case "plain", "":
+		sum.layout = "plain (one table, the janitor deletes expired rows)"
+	case "buckets", string(migrations.LayoutTimeBuckets):
+		layout = migrations.LayoutTimeBuckets
+		sum.layout = "time buckets (processed_events partitioned by claim time; the janitor drops whole buckets)"
+	default:
+		return sum, fmt.Errorf("-layout %q: plain or buckets", o.layout)
 	}
 
 	pgURL := svcenv.Get("JUSTONCE_TEST_POSTGRES_URL")
@@ -212,7 +272,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 		return sum, errors.New("no Postgres: run `make services-up` or set JUSTONCE_TEST_POSTGRES_URL")
 	}
 	brokers := strings.Split(svcenv.Get("JUSTONCE_TEST_KAFKA_BROKERS"), ",")
-	if want["kafka"] && brokers[0] == "" {
+	if (want["kafka"] || hopsOn) && brokers[0] == "" {
 		return sum, errors.New("no Kafka: run `make services-up` or set JUSTONCE_TEST_KAFKA_BROKERS")
 	}
 	var svc *services
@@ -276,7 +336,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 		return sum, err
 	}
 	defer pool.Close()
-	if _, err := migrations.New(pool, migrations.Config{Schema: schema}).Up(ctx); err != nil {
+	if _, err := migrations.New(pool, migrations.Config{Schema: schema, Layout: layout}).Up(ctx); err != nil {
 		return sum, err
 	}
 	if _, err := pool.Exec(ctx, hostileSchema); err != nil {
@@ -324,11 +384,14 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 	}
 
 	var slots []*slot
+	startSlot := func(transport string, i int, args []string) {
+		s := &slot{transport: transport, name: fmt.Sprintf("%s-%d", transport, i), args: args, done: make(chan struct{})}
+		slots = append(slots, s)
+		go s.supervise(obs)
+	}
 	startSlots := func(transport string, args []string) {
 		for i := 0; i < o.workers; i++ {
-			s := &slot{transport: transport, name: fmt.Sprintf("%s-%d", transport, i), args: args, done: make(chan struct{})}
-			slots = append(slots, s)
-			go s.supervise(obs)
+			startSlot(transport, i, args)
 		}
 	}
 	stopSlots := func() {
@@ -399,17 +462,19 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 	if o.natsSyncAlways {
 		sum.natsSync = "JetStream sync_always"
 	}
-	if want["nats"] {
-		sum.transports = append(sum.transports, "nats")
+	var nc *nats.Conn
+	if want["nats"] || h.kn {
 		if err := ns.start(); err != nil {
 			return sum, err
 		}
 		defer ns.shutdown()
-		nc, err := nats.Connect(ns.url(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond))
-		if err != nil {
+		if nc, err = nats.Connect(ns.url(), nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond)); err != nil {
 			return sum, err
 		}
 		defer nc.Close()
+	}
+	if want["nats"] {
+		sum.transports = append(sum.transports, "nats")
 		js, err := jetstream.New(nc)
 		if err != nil {
 			return sum, err
@@ -512,6 +577,43 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 		}()
 	}
 
+	// The two-hop pipelines.
+	var hopAddrs []string
+	if hopsOn {
+		sum.hops = h
+		h.brokers = brokers
+		if h.ob, err = outbox.New(pool, outbox.Config{}); err != nil {
+			return sum, fmt.Errorf("outbox: %w", err)
+		}
+		p, err := setupHops(ctx, o, h, sum, nc)
+		if err != nil {
+			return sum, err
+		}
+		if p != nil {
+			producers[pipeKN] = p
+			defer p.closeFn()
+		}
+		hopCommon := append([]string{"-brokers", strings.Join(brokers, ","), "-nats", ns.url()}, common...)
+		for i := 0; i < o.hopWorkers; i++ {
+			if h.kn {
+				startSlot(roleKNA, i, append([]string{"-transport", roleKNA, "-topic", h.srcTopic}, hopCommon...))
+				startSlot(roleKNB, i, append([]string{"-transport", roleKNB}, hopCommon...))
+			}
+			if h.hk {
+				addr := "127.0.0.1:" + strconv.Itoa(freePort())
+				hopAddrs = append(hopAddrs, addr)
+				startSlot(roleHKA, i, append([]string{"-transport", roleHKA, "-topic", h.topic, "-listen", addr, "-relay"}, hopCommon...))
+				startSlot(roleHKB, i, append([]string{"-transport", roleHKB, "-topic", h.topic}, hopCommon...))
+			}
+		}
+		for i := 0; i < o.relays; i++ {
+			startSlot(roleRelay, i, append([]string{"-transport", roleRelay}, hopCommon...))
+		}
+		if h.hk {
+			h.httpLoad(ctx, &httpWG, hopAddrs, o.twoHopHTTPKeys, o.httpClients)
+		}
+	}
+
 	// The janitor: short-lived rows of another scope written and purged
 	// during the run, next to the rows that must stay.
 	jctx, jcancel := context.WithCancel(ctx)
@@ -547,6 +649,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 		}
 	}
 	add(fKill, o.kills)
+	add(fRelayKill, o.relayKills)
 	add(fRedis, o.redisOutages)
 	add(fPgTerminate, o.pgTerminates)
 	add(fPgCrash, o.pgCrashes)
@@ -571,7 +674,26 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 			if len(slots) == 0 {
 				return true, nil
 			}
-			return slots[mrand.N(len(slots))].kill(), nil
+			s := slots[mrand.N(len(slots))]
+			if !s.kill() {
+				return false, nil
+			}
+			sum.killsBy[s.transport]++
+		case fRelayKill:
+			var rs []*slot
+			for _, s := range slots {
+				if relayRole(s.transport) {
+					rs = append(rs, s)
+				}
+			}
+			if len(rs) == 0 {
+				return true, nil
+			}
+			s := rs[mrand.N(len(rs))]
+			if !s.kill() {
+				return false, nil
+			}
+			sum.killsBy[s.transport]++
 		case fRedis:
 			rp.stop()
 			_ = consumer.Sleep(ctx, o.killEvery)
@@ -650,7 +772,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 
 	// Production, interleaved with faults.
 	chunks := max(len(queue), 10)
-	order := []string{"kafka", "nats"}
+	order := []string{"kafka", "nats", pipeKN}
 	for c := 0; c < chunks; c++ {
 		for _, name := range order {
 			p := producers[name]
@@ -708,6 +830,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 			}
 		}
 		once["http"] = sum.unique["http"]
+		once[pipeHK] = sum.unique[pipeHK]
 		return once, dead
 	}
 	httpDone := make(chan struct{})
@@ -744,8 +867,21 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 	jwg.Wait()
 
 	verdict(ctx, sum, pool, producers, released, dlqKafka, dlqNats)
+	if hopsOn {
+		h.finish(ctx)
+		verdictHops(ctx, sum, pool, h)
+	}
 	sum.janitorCreated = int(janitorCreated.Load())
-	if o.janitor {
+	if o.janitor && layout == migrations.LayoutTimeBuckets {
+		// A bucket is dropped once every row in it has expired: MaxTTL
+		// after its end, far after a run. The janitor runs (it keeps the
+		// buckets ahead) and must drop nothing the verdict needs.
+		var all int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FROM processed_events WHERE scope = $1`, janitorScope).Scan(&all); err != nil {
+			return sum, err
+		}
+		sum.janitorGone = sum.janitorCreated - all
+	} else if o.janitor {
 		var left, all int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE expires_at < now() - interval '5 seconds'), count(*)
 			FROM processed_events WHERE scope = $1`, janitorScope).Scan(&left, &all); err != nil {
@@ -775,7 +911,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 	if sum.httpMismatched > 0 {
 		sum.problem("http: %d keys got differing responses", sum.httpMismatched)
 	}
-	asked := map[string]int{fKill: o.kills, fRedis: o.redisOutages, fPgTerminate: o.pgTerminates, fPgCrash: o.pgCrashes,
+	asked := map[string]int{fKill: o.kills, fRelayKill: o.relayKills, fRedis: o.redisOutages, fPgTerminate: o.pgTerminates, fPgCrash: o.pgCrashes,
 		fKafkaCrash: o.kafkaCrashes, fNatsRestart: o.natsRestarts, fNet: o.netFaults, fRelease: o.releases}
 	for _, f := range faultOrder {
 		if sum.faults[f] < asked[f] {

@@ -67,62 +67,67 @@ func hostileHandler(transport string, every int, slowFor time.Duration, report f
 		if _, err := tx.Exec(ctx, `INSERT INTO effects (event_id, transport) VALUES ($1, $2)`, m.ID, transport); err != nil {
 			return err
 		}
-		k := kindOf(m.ID, every)
-		if k == normal {
-			return nil
+		return misbehave(ctx, tx, m, kindOf(m.ID, every), slowFor, report)
+	}
+}
+
+// misbehave does what a hostile handler of kind k does to tx (nothing for
+// normal events).
+func misbehave(ctx context.Context, tx pgx.Tx, m *consumer.Message, k hostileKind, slowFor time.Duration, report func(string)) error {
+	if k == normal {
+		return nil
+	}
+	fail := m.Attempt <= failingAttempts
+	if k.permanent() {
+		// An operator may have repaired the handler for this event and
+		// released its key (see operatorRelease).
+		var repaired bool
+		if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM repaired WHERE event_id = $1)`, m.ID).Scan(&repaired); err != nil {
+			return err
 		}
-		misbehave := m.Attempt <= failingAttempts
-		if k.permanent() {
-			// An operator may have repaired the handler for this event and
-			// released its key (see operatorRelease).
-			var repaired bool
-			if err := tx.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM repaired WHERE event_id = $1)`, m.ID).Scan(&repaired); err != nil {
+		fail = !repaired
+	}
+	switch k {
+	case slow:
+		report("slow")
+		t := time.NewTimer(slowFor)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+		return nil
+	case swallowOnce, swallowAlways:
+		if fail {
+			report("swallow")
+			// "Ignore the unique violation and go on": the transaction is
+			// aborted now, and the handler says all is well.
+			_, _ = tx.Exec(ctx, `INSERT INTO taken (k) VALUES ('taken')`)
+		}
+		return nil
+	case deferredOnce, deferredAlways:
+		if fail {
+			report("deferred")
+			// Checked at COMMIT only.
+			if _, err := tx.Exec(ctx, `INSERT INTO deferred_child (id, parent) VALUES ($1, 'missing')`, m.ID); err != nil {
 				return err
 			}
-			misbehave = !repaired
 		}
-		switch k {
-		case slow:
-			report("slow")
-			t := time.NewTimer(slowFor)
-			defer t.Stop()
-			select {
-			case <-t.C:
-			case <-ctx.Done():
-				return ctx.Err()
-			}
-			return nil
-		case swallowOnce, swallowAlways:
-			if misbehave {
-				report("swallow")
-				// "Ignore the unique violation and go on": the transaction is
-				// aborted now, and the handler says all is well.
-				_, _ = tx.Exec(ctx, `INSERT INTO taken (k) VALUES ('taken')`)
-			}
-			return nil
-		case deferredOnce, deferredAlways:
-			if misbehave {
-				report("deferred")
-				// Checked at COMMIT only.
-				if _, err := tx.Exec(ctx, `INSERT INTO deferred_child (id, parent) VALUES ($1, 'missing')`, m.ID); err != nil {
-					return err
-				}
-			}
-			return nil
-		case panicOnce, panicAlways:
-			if misbehave {
-				report("panic")
-				panic("chaos: hostile handler panics on " + m.ID)
-			}
-			return nil
+		return nil
+	case panicOnce, panicAlways:
+		if fail {
+			report("panic")
+			panic("chaos: hostile handler panics on " + m.ID)
 		}
 		return nil
 	}
+	return nil
 }
 
 // hostileSchema creates what the hostile handlers need.
 const hostileSchema = `
-CREATE TABLE effects (event_id text NOT NULL, transport text NOT NULL, n bigserial);
+CREATE TABLE effects (event_id text NOT NULL, transport text NOT NULL, msg_id text, n bigserial);
 CREATE TABLE taken (k text PRIMARY KEY);
 INSERT INTO taken VALUES ('taken');
 CREATE TABLE deferred_parent (id text PRIMARY KEY);

@@ -35,6 +35,16 @@
 //     on their first attempts only and must end with exactly one effect;
 //     the others fail every time and must end dead-lettered (in the
 //     dead-letter topic or stream) and recorded failed in the ledger;
+//   - two-hop pipelines (-two-hop, -two-hop-http-keys): Kafka → A (inbox
+//     and outbox.Add of one NATS message per event) → outbox relay →
+//     JetStream → B (inbox, one effect per event), and HTTP clients
+//     retrying with an Idempotency-Key → A (the HTTP bridge, the handler
+//     adds one Kafka message; A runs a relay too) → Kafka → B. A, B and the
+//     relays are child processes, SIGKILLed by -kills, and the relays by
+//     -relay-kills too. The verdict is on B's effects: one per unique
+//     source ID;
+//   - the ledger layout (-layout buckets): the whole run on the time-bucket
+//     layout (migrations.LayoutTimeBuckets);
 //   - operator actions (-releases, -janitor): permanent failures are
 //     "repaired", their keys released with Ledger.Release and the events
 //     resent, so each must then run exactly once; and the janitor purges
@@ -92,6 +102,12 @@ type options struct {
 	transports     string        // kafka,nats,http
 	batch          int           // consumer batch size (0: per event)
 	killEvery      time.Duration
+	layout         string // ledger layout: plain or buckets
+	twoHop         int    // unique source events of the kafka>nats pipeline (0: off)
+	twoHopHTTPKeys int    // Idempotency-Keys of the http>kafka pipeline (0: off)
+	hopWorkers     int    // processes per pipeline role (A and B of each pipeline)
+	relays         int    // outbox relay processes
+	relayKills     int    // SIGKILLs of relay processes at least
 }
 
 func main() {
@@ -119,6 +135,12 @@ func main() {
 	flag.StringVar(&o.transports, "transports", "kafka,nats,http", "what to run")
 	flag.IntVar(&o.batch, "batch", 0, "consumer batch size (0: one transaction per event)")
 	flag.DurationVar(&o.killEvery, "kill-every", 700*time.Millisecond, "pause between faults")
+	flag.StringVar(&o.layout, "layout", "plain", "ledger layout: plain or buckets (migrations.LayoutTimeBuckets)")
+	flag.IntVar(&o.twoHop, "two-hop", 20_000, "unique source events of the two-hop Kafka → A (inbox + outbox) → NATS → B pipeline (0: off)")
+	flag.IntVar(&o.twoHopHTTPKeys, "two-hop-http-keys", 1000, "Idempotency-Keys of the two-hop HTTP → A (bridge + outbox) → Kafka → B pipeline (0: off)")
+	flag.IntVar(&o.hopWorkers, "hop-workers", 2, "processes per two-hop role (A and B of each pipeline)")
+	flag.IntVar(&o.relays, "relays", 2, "outbox relay processes (the HTTP pipeline's A processes run one each too)")
+	flag.IntVar(&o.relayKills, "relay-kills", 6, "SIGKILL outbox relay processes at least this many times (on top of -kills)")
 	flag.Parse()
 
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)

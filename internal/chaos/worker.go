@@ -32,9 +32,15 @@ const redisLockTTL = 600 * time.Millisecond
 
 // newLedger opens a pool and a ledger, Redis in front.
 func newLedger(ctx context.Context, pgURL, redisAddr, name string) (*inbox.Ledger, func(), error) {
+	l, _, closeAll, err := newLedgerPool(ctx, pgURL, redisAddr, name)
+	return l, closeAll, err
+}
+
+// newLedgerPool is newLedger, and returns the pool too.
+func newLedgerPool(ctx context.Context, pgURL, redisAddr, name string) (*inbox.Ledger, *pgxpool.Pool, func(), error) {
 	cfg, err := pgxpool.ParseConfig(pgURL)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	cfg.MaxConns = 6
 	cfg.ConnConfig.ConnectTimeout = 3 * time.Second
@@ -42,7 +48,7 @@ func newLedger(ctx context.Context, pgURL, redisAddr, name string) (*inbox.Ledge
 	cfg.ConnConfig.RuntimeParams["application_name"] = "chaos-" + name
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, nil, err
+		return nil, nil, nil, err
 	}
 	rc := redis.NewClient(&redis.Options{Addr: redisAddr, ContextTimeoutEnabled: true, MaxRetries: 1,
 		DialTimeout: 100 * time.Millisecond, ReadTimeout: 200 * time.Millisecond, WriteTimeout: 200 * time.Millisecond})
@@ -50,9 +56,10 @@ func newLedger(ctx context.Context, pgURL, redisAddr, name string) (*inbox.Ledge
 		Redis:  &inbox.RedisConfig{Client: rc, Timeout: 100 * time.Millisecond, LockTTL: redisLockTTL},
 		Logger: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))})
 	if err != nil {
-		return nil, nil, err
+		pool.Close()
+		return nil, nil, nil, err
 	}
-	return l, func() { _ = rc.Close(); pool.Close() }, nil
+	return l, pool, func() { _ = rc.Close(); pool.Close() }, nil
 }
 
 // reporter writes one line per observation to stdout, which the parent
@@ -132,12 +139,16 @@ func worker(args []string) int {
 	batch := fs.Int("batch", 0, "batch size")
 	every := fs.Int("hostile-every", 0, "every n-th event is hostile (0: none)")
 	slowFor := fs.Duration("slow", 2*redisLockTTL, "how long slow handlers take")
+	listen := fs.String("listen", "", "HTTP listen address (hop-hk-a)")
+	relay := fs.Bool("relay", false, "run an outbox relay in this process too")
+	relayBatch := fs.Int("relay-batch", 100, "relay batch size")
+	relayPoll := fs.Duration("relay-poll", 200*time.Millisecond, "relay poll interval")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
 	defer cancel()
-	l, closeAll, err := newLedger(ctx, *pgURL, *redisAddr, *name)
+	l, pool, closeAll, err := newLedgerPool(ctx, *pgURL, *redisAddr, *name)
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "worker:", err)
 		return 1
@@ -145,6 +156,18 @@ func worker(args []string) int {
 	defer closeAll()
 	r := &reporter{}
 	pc := processorConfig(l, r)
+	if strings.HasPrefix(*transport, "hop-") || *transport == roleRelay {
+		a := &hopArgs{role: *transport, name: *name, brokers: *brokers, topic: *topic, natsURL: *natsURL,
+			listen: *listen, relay: *relay, batch: *batch, every: *every, slowFor: *slowFor,
+			relayBatch: *relayBatch, relayPoll: *relayPoll, hostileInA: *every > 0,
+			ledger: l, pool: pool, report: r.report, pc: pc,
+			errLog: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
+		code := hopWorker(ctx, a)
+		if a.natsConn != nil {
+			a.natsConn.Close()
+		}
+		return code
+	}
 	h := hostileHandler(*transport, *every, *slowFor, func(s string) { r.report("hostile:" + s) })
 	// Both fronts have the same shape: New(cfg, h), then Run, which
 	// returns nil after a clean stop.
