@@ -513,6 +513,7 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 	return func(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
 		gone := map[topicPartition]bool{}
 		var ps []*part
+		running := 0 // lanes with a message in hand
 		s.mu.Lock()
 		for topic, partitions := range lost {
 			for _, n := range partitions {
@@ -525,6 +526,9 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 				delete(s.parts, tp)
 				p.stop()
 				for _, l := range p.lanes {
+					if l.running {
+						running++
+					}
 					for range l.msgs {
 						<-s.buffered
 					}
@@ -537,6 +541,8 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 		if len(gone) == 0 {
 			return
 		}
+		s.c.log.Debug("justonce franz: partitions revoked; waiting for their handlers in flight",
+			"partitions", len(gone), "lost", !commit, "lanes_running", running)
 
 		budget := DefaultRebalanceTimeout
 		if d, ok := cl.OptValue(kgo.RebalanceTimeout).(time.Duration); ok && d > 0 {
