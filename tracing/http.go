@@ -47,26 +47,33 @@ func WithReplayHeader(name string) Option {
 	return func(o *options) { o.replayHeader = name }
 }
 
+// WithHTTPOptions passes options to the otelhttp handler HTTP is made of
+// (a span name formatter, filters, a meter provider, ...). HTTP only.
+func WithHTTPOptions(opts ...otelhttp.Option) Option {
+	return func(o *options) { o.http = append(o.http, opts...) }
+}
+
 // HTTP returns net/http server middleware that follows the OpenTelemetry
 // HTTP semantic conventions (it is otelhttp's handler: a server span per
 // request, a child of the caller's span when the request carries a trace
-// context, named after the route pattern when the mux sets one) and adds
-// the bridge's outcome (OutcomeKey) to the span. Put it outside the
-// bridge's route:
+// context, named "{method} {route}" with http.route when the standard mux
+// sets a pattern, else "{method}") and adds the bridge's outcome
+// (OutcomeKey) to the span. Put it outside the bridge's route:
 //
-//	mux.Handle("POST /orders", tracing.HTTP(tp, "orders")(bridge.Route(rc)(createOrder)))
+//	mux.Handle("POST /orders", tracing.HTTP(tp)(bridge.Route(rc)(createOrder)))
 //
 // The handler's context carries the server span, so the spans it starts,
-// and its logs through LogHandler, belong to the request's trace. operation
-// names the span when the mux sets no pattern. A nil tp uses
-// otel.GetTracerProvider().
-func HTTP(tp trace.TracerProvider, operation string, opts ...Option) func(http.Handler) http.Handler {
+// and its logs through LogHandler, belong to the request's trace. A nil tp
+// uses otel.GetTracerProvider(). otelhttp also records the HTTP server
+// metrics through otel.GetMeterProvider() (a no-op until the application
+// sets one; see WithHTTPOptions).
+func HTTP(tp trace.TracerProvider, opts ...Option) func(http.Handler) http.Handler {
 	o := newOptions(opts)
 	hopts := []otelhttp.Option{otelhttp.WithPropagators(o.prop)}
 	if tp != nil {
 		hopts = append(hopts, otelhttp.WithTracerProvider(tp))
 	}
-	server := otelhttp.NewMiddleware(operation, hopts...)
+	server := otelhttp.NewMiddleware(SpanName, append(hopts, o.http...)...)
 	return func(next http.Handler) http.Handler {
 		return server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			ow := &outcomeWriter{ResponseWriter: w, replayHeader: o.replayHeader}

@@ -22,6 +22,7 @@ import (
 	"fmt"
 
 	"github.com/jackc/pgx/v5"
+	"go.opentelemetry.io/contrib/instrumentation/net/http/otelhttp"
 	"go.opentelemetry.io/otel"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
@@ -44,6 +45,7 @@ type Option func(*options)
 type options struct {
 	prop         propagation.TextMapPropagator
 	replayHeader string
+	http         []otelhttp.Option
 }
 
 func newOptions(opts []Option) options {
