@@ -59,14 +59,17 @@ generate:
 # >= 20 SIGKILLs of consumers, Postgres and Kafka crashes (SIGKILL + restart of the
 # services started by services-up), NATS restarts, Redis outages, dropped Postgres
 # connections, network faults through an in-process proxy, hostile handlers,
-# operator releases, the janitor, HTTP retries). The services are up at the end.
+# operator releases, the janitor, HTTP retries), and two-hop pipelines through the
+# outbox (Kafka -> A -> NATS -> B, HTTP -> A -> Kafka -> B) with relay processes
+# SIGKILLed too. The services are up at the end.
 chaos: services-up
-	$(GO) run ./internal/chaos
+	$(GO) run ./internal/chaos -two-hop 20000 -two-hop-http-keys 1000 -relay-kills 6
 
 # chaos-short: the shorter run CI does: at least one fault of every kind.
 chaos-short: services-up
 	$(GO) run ./internal/chaos -events 5000 -kills 8 -redis-outages 2 -pg-terminates 3 -pg-crashes 1 \
-		-kafka-crashes 1 -nats-restarts 1 -net-faults 3 -releases 2 -hostile-every 100 -http-keys 500 -timeout 6m
+		-kafka-crashes 1 -nats-restarts 1 -net-faults 3 -releases 2 -hostile-every 100 -http-keys 500 \
+		-two-hop 2000 -two-hop-http-keys 300 -relay-kills 3 -timeout 8m
 
 # bench-peers: justonce's Kafka consumer (defaults) beside what a user would use
 # instead (a hand-written inbox table, Watermill's Kafka subscriber and its

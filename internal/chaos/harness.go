@@ -70,11 +70,13 @@ type summary struct {
 	janitorCreated, janitorLeft, janitorGone int
 	natsSync                                 string
 	layout                                   string
+	bucketLayout                             bool
 	killsBy                                  map[string]int // SIGKILLs by worker role
 	hops                                     *hops
 	hopLost, hopDoubled                      map[string]int
 	hopLedger                                map[string][2]int // scope -> done, failed
 	hopHTTPMismatched                        int
+	relayKillsBusy                           int // relay kills while outbox rows were waiting
 	took                                     time.Duration
 	problems                                 []string
 }
@@ -124,6 +126,8 @@ func (s *summary) print(w io.Writer) {
 			extra = " (" + strings.Join(ks, ", ") + ")"
 		case fNatsRestart:
 			extra = " (" + s.natsSync + ")"
+		case fRelayKill:
+			extra = fmt.Sprintf(" (%d with outbox rows waiting)", s.relayKillsBusy)
 		case fRelease:
 			extra = fmt.Sprintf(" (%d keys released and resent, %d release calls failed)", s.released, s.releaseFailed)
 		}
@@ -134,8 +138,13 @@ func (s *summary) print(w io.Writer) {
 	}
 	fmt.Fprintf(w, "  hostile handler runs        swallowed error %d, deferred constraint %d, panic %d, slower than the lock TTL %d\n",
 		s.obs.get("hostile:swallow"), s.obs.get("hostile:deferred"), s.obs.get("hostile:panic"), s.obs.get("hostile:slow"))
-	fmt.Fprintf(w, "  janitor                     %d short-TTL rows written, %d purged, %d expired rows left behind\n",
-		s.janitorCreated, s.janitorGone, s.janitorLeft)
+	if s.bucketLayout {
+		fmt.Fprintf(w, "  janitor                     %d short-TTL rows written, %d gone (time buckets: a bucket is dropped MaxTTL after its end, not within a run)\n",
+			s.janitorCreated, s.janitorGone)
+	} else {
+		fmt.Fprintf(w, "  janitor                     %d short-TTL rows written, %d purged, %d expired rows left behind\n",
+			s.janitorCreated, s.janitorGone, s.janitorLeft)
+	}
 	fmt.Fprintf(w, "workers saw: ErrCommitUnknown %d, ErrRolledBack %d, deferred FK at COMMIT %d, panics %d, other transient %d, other %d; dead letters %d\n",
 		s.obs.get("retry:commit-unknown")+s.obs.get("dead-letter:commit-unknown"),
 		s.obs.get("retry:rolled-back")+s.obs.get("dead-letter:rolled-back"),
@@ -262,6 +271,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 		sum.layout = "plain (one table, the janitor deletes expired rows)"
 	case "buckets", string(migrations.LayoutTimeBuckets):
 		layout = migrations.LayoutTimeBuckets
+		sum.bucketLayout = true
 		sum.layout = "time buckets (processed_events partitioned by claim time; the janitor drops whole buckets)"
 	default:
 		return sum, fmt.Errorf("-layout %q: plain or buckets", o.layout)
@@ -665,6 +675,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 
 	released := map[string]bool{}
 	netTurn := 0
+	relayIdle := 0 // relay kills put off because the outbox was empty
 	deferrals := 0
 	// fault injects one fault; false means it could not be done now and
 	// goes back in the queue.
@@ -689,9 +700,21 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 			if len(rs) == 0 {
 				return true, nil
 			}
+			// Kill while the relays have work in hand: an outbox row
+			// waiting (or being published) now.
+			var busy bool
+			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox)`).Scan(&busy); err != nil || !busy {
+				if relayIdle++; relayIdle < 20 {
+					return false, nil
+				}
+			}
 			s := rs[mrand.N(len(rs))]
 			if !s.kill() {
 				return false, nil
+			}
+			relayIdle = 0
+			if busy {
+				sum.relayKillsBusy++
 			}
 			sum.killsBy[s.transport]++
 		case fRedis:
