@@ -73,7 +73,7 @@ func main() {
 		os.Exit(1)
 	}
 	var o options
-	var child, topic, group, schema, peers string
+	var peers string
 	flag.IntVar(&o.events, "events", envInt("PEERS_EVENTS", 20000), "events per peer and phase (duplicates included)")
 	flag.IntVar(&o.dupPercent, "dup", 20, "percent of the events that are duplicates")
 	flag.IntVar(&o.partitions, "partitions", envInt("PEERS_PARTITIONS", 4), "partitions of each Kafka topic")
@@ -83,21 +83,16 @@ func main() {
 	flag.StringVar(&peers, "peers", strings.Join(slugs(), ","), "peers to run")
 	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "longest wait of one phase of one peer")
 	flag.BoolVar(&o.keep, "keep", false, "keep the schemas and topics")
-	flag.StringVar(&child, "child", "", "internal: run this peer's consumer")
-	flag.StringVar(&topic, "topic", "", "internal: topic of -child")
-	flag.StringVar(&group, "group", "", "internal: consumer group of -child")
-	flag.StringVar(&schema, "schema", "", "internal: schema of -child")
 	flag.Parse()
-
-	var err error
-	if o.pgURL, o.brokers, err = services(); err != nil {
-		log(err)
-	}
-	if child != "" {
-		if err := runChild(o, child, topic, group, schema); err != nil {
+	if isChild() {
+		if err := runChild(); err != nil {
 			log(err)
 		}
 		return
+	}
+	var err error
+	if o.pgURL, o.brokers, err = services(); err != nil {
+		log(err)
 	}
 	o.peers = strings.Split(peers, ",")
 	if o.events < 100 || o.partitions < 1 || o.rounds < 1 || o.killAt <= 0 || o.killAt >= 1 || o.dupPercent < 0 || o.dupPercent > 50 {
@@ -169,15 +164,25 @@ func openPool(ctx context.Context, pgURL, schema string, maxConns int32) (*pgxpo
 	return pgxpool.NewWithConfig(ctx, cfg)
 }
 
-func runChild(o options, peer, topic, group, schema string) error {
+// A consumer process is this program (or its test binary) started with
+// PEERS_CHILD naming the peer and PEERS_NAME its schema, topic and group.
+func isChild() bool { return os.Getenv("PEERS_CHILD") != "" }
+
+func runChild() error {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	pool, err := openPool(ctx, o.pgURL, schema, 0)
+	pgURL, brokers, err := services()
+	if err != nil {
+		return err
+	}
+	name := os.Getenv("PEERS_NAME")
+	pool, err := openPool(ctx, pgURL, name, 0)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
-	return consume(ctx, childArgs{peer: peer, topic: topic, group: group, brokers: o.brokers, pool: pool})
+	topic := strings.ReplaceAll(name, "_", "-")
+	return consume(ctx, childArgs{peer: os.Getenv("PEERS_CHILD"), topic: topic, group: topic, brokers: brokers, pool: pool})
 }
 
 // lane is one peer's setup for one phase: its schema, topic and group.
@@ -234,8 +239,9 @@ func (l *lane) start() error {
 	if err != nil {
 		return err
 	}
-	l.cmd = exec.Command(exe, "-child", l.slug, "-topic", l.topic(), "-group", l.topic(), "-schema", l.name)
-	l.cmd.Env = append(os.Environ(), "JUSTONCE_TEST_POSTGRES_URL="+l.o.pgURL, "JUSTONCE_TEST_KAFKA_BROKERS="+strings.Join(l.o.brokers, ","))
+	l.cmd = exec.Command(exe)
+	l.cmd.Env = append(os.Environ(), "PEERS_CHILD="+l.slug, "PEERS_NAME="+l.name,
+		"JUSTONCE_TEST_POSTGRES_URL="+l.o.pgURL, "JUSTONCE_TEST_KAFKA_BROKERS="+strings.Join(l.o.brokers, ","))
 	l.cmd.Stdout, l.cmd.Stderr = os.Stderr, os.Stderr
 	if err := l.cmd.Start(); err != nil {
 		return err
@@ -376,8 +382,16 @@ func throughput(ctx context.Context, o options, runID string, round int, peer st
 // crashResult is what one SIGKILL did to one peer.
 type crashResult struct {
 	atKill          int // effects when the consumer was killed
+	atRisk          int // redeliveries of events that had their effect (-1: not known)
 	lost, doubled   int
 	total, distinct int
+}
+
+func (r crashResult) riskText() string {
+	if r.atRisk < 0 {
+		return "deliveries after the restart of IDs already done: not counted"
+	}
+	return fmt.Sprintf("%d deliveries after the restart of IDs already done", r.atRisk)
 }
 
 // crash runs one peer, SIGKILLs it once mid-stream, restarts it, and counts.
@@ -406,6 +420,24 @@ func crash(ctx context.Context, o options, runID, peer string, events []event, u
 	if r.atKill == 0 || r.atKill >= unique {
 		return r, fmt.Errorf("%s: killed with %d of %d effects: not mid-stream", peer, r.atKill, unique)
 	}
+	r.atRisk = -1
+	if l.slug != "watermillsql" {
+		done := map[string]bool{}
+		rows, err := l.pool.Query(ctx, `SELECT DISTINCT event_id FROM effects`)
+		if err != nil {
+			return r, err
+		}
+		ids, err := pgx.CollectRows(rows, pgx.RowTo[string])
+		if err != nil {
+			return r, err
+		}
+		for _, id := range ids {
+			done[id] = true
+		}
+		if r.atRisk, err = atRisk(ctx, o.brokers, l.topic(), o.partitions, events, done); err != nil {
+			return r, err
+		}
+	}
 	if err := l.start(); err != nil {
 		return r, err
 	}
@@ -429,61 +461,108 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-func run(ctx context.Context, o options) error {
+// result is one peer's line of the table.
+type result struct {
+	peer  string
+	rates []float64 // events/s, one per round
+	crash crashResult
+}
+
+// measure runs the throughput rounds, then the crash phase, of each peer.
+func measure(ctx context.Context, o options) ([]result, int, error) {
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	runID := hex.EncodeToString(b)
 	events, unique := workload(o.events, o.dupPercent, o.seed)
-	var peers []string
+	var res []result
 	for _, p := range peerNames {
 		if slices.Contains(o.peers, peerSlug[p]) {
-			peers = append(peers, p)
+			res = append(res, result{peer: p})
 		}
-	}
-	if len(peers) == 0 || peers[0] != peerJustonce {
-		return errors.New("-peers must include justonce: the ratios are against it")
 	}
 	fmt.Fprintf(os.Stderr, "peers: %d events (%d unique IDs, %d %% duplicates), %d partitions, %d round(s), run %s\n",
 		len(events), unique, o.dupPercent, o.partitions, o.rounds, runID)
-
-	rates := map[string][]float64{}
 	for round := range o.rounds {
-		order := slices.Clone(peers)
-		if round%2 == 1 {
-			slices.Reverse(order) // alternate who runs first on a busy machine
-		}
-		for _, p := range order {
-			rate, err := throughput(ctx, o, runID, round, p, events, unique)
-			if err != nil {
-				return fmt.Errorf("throughput: %w", err)
+		order := make([]int, len(res))
+		for i := range order {
+			order[i] = i
+			if round%2 == 1 {
+				order[i] = len(res) - 1 - i // alternate who runs first on a busy machine
 			}
-			fmt.Fprintf(os.Stderr, "peers: round %d %-26s %8.0f events/s\n", round+1, p, rate)
-			rates[p] = append(rates[p], rate)
+		}
+		for _, i := range order {
+			rate, err := throughput(ctx, o, runID, round, res[i].peer, events, unique)
+			if err != nil {
+				return nil, 0, fmt.Errorf("throughput: %w", err)
+			}
+			fmt.Fprintf(os.Stderr, "peers: round %d %-26s %8.0f events/s\n", round+1, res[i].peer, rate)
+			res[i].rates = append(res[i].rates, rate)
 		}
 	}
-	crashes := map[string]crashResult{}
-	for _, p := range peers {
-		r, err := crash(ctx, o, runID, p, events, unique)
+	for i := range res {
+		r, err := crash(ctx, o, runID, res[i].peer, events, unique)
 		if err != nil {
-			return fmt.Errorf("crash: %w", err)
+			return nil, 0, fmt.Errorf("crash: %w", err)
 		}
-		fmt.Fprintf(os.Stderr, "peers: crash %-26s killed at %d/%d effects; after restart %d effects, %d IDs\n", p, r.atKill, unique, r.total, r.distinct)
-		crashes[p] = r
+		fmt.Fprintf(os.Stderr, "peers: crash %-26s SIGKILLed at %d of %d effects, %s; after the restart %d effects for %d IDs\n",
+			res[i].peer, r.atKill, unique, r.riskText(), r.total, r.distinct)
+		res[i].crash = r
 	}
+	return res, unique, nil
+}
 
-	base := median(rates[peerJustonce])
+// mayDouble says which peers may double an effect after a crash: those
+// whose dedupe lives in the consumer's memory.
+var mayDouble = map[string]string{
+	peerWatermill:   "Deduplicator's memory is per process: a restart forgets it, and offsets are committed after the effect (every 1 s)",
+	peerWatermillSQ: "offsets commit with the effect, but duplicates of events from before the restart are not in the new process's Deduplicator",
+}
+
+// check returns an error when a peer lost an effect, or one that must not
+// double doubled one.
+func check(res []result) error {
+	var errs []error
+	for _, r := range res {
+		if r.crash.lost > 0 {
+			errs = append(errs, fmt.Errorf("%s lost %d effects", r.peer, r.crash.lost))
+		}
+		if _, ok := mayDouble[r.peer]; !ok && r.crash.doubled > 0 {
+			errs = append(errs, fmt.Errorf("%s doubled %d effects", r.peer, r.crash.doubled))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func run(ctx context.Context, o options) error {
+	if !slices.Contains(o.peers, peerSlug[peerJustonce]) {
+		return errors.New("-peers must include justonce: the ratios are against it")
+	}
+	res, unique, err := measure(ctx, o)
+	if err != nil {
+		return err
+	}
+	base := median(res[0].rates)
 	fmt.Printf("\n%d events per peer (%d unique IDs, %d %% duplicates), %d Kafka partitions, one business row per event; median of %d round(s)\n",
-		len(events), unique, o.dupPercent, o.partitions, o.rounds)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "peer\tevents/s\tvs justonce\tkilled at\tlost\tdoubled\t")
-	for _, p := range peers {
-		rate, c := median(rates[p]), crashes[p]
-		fmt.Fprintf(tw, "%s\t%.0f\t%.2f×\t%d/%d\t%d\t%d\t\n", p, rate, rate/base, c.atKill, unique, c.lost, c.doubled)
+		o.events, unique, o.dupPercent, o.partitions, o.rounds)
+	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "peer\tevents/s\tvs justonce\tSIGKILLed at\tdone, read again\tlost\tdoubled")
+	for _, r := range res {
+		rate, risk := median(r.rates), "-"
+		if r.crash.atRisk >= 0 {
+			risk = strconv.Itoa(r.crash.atRisk)
+		}
+		fmt.Fprintf(tw, "%s\t%.0f\t%.2f×\t%d/%d effects\t%s\t%d\t%d\n", r.peer, rate, rate/base, r.crash.atKill, unique, risk, r.crash.lost, r.crash.doubled)
 	}
 	_ = tw.Flush()
-	fmt.Println("justonce vs each peer (events/s ratio):")
-	for _, p := range peers[1:] {
-		fmt.Printf("  justonce / %s = %.2f×\n", p, base/median(rates[p]))
+	fmt.Println("SIGKILLed at: effects when the consumer was killed. done, read again: deliveries to the restarted consumer")
+	fmt.Println("(past the committed offsets) of IDs that had their effect: redeliveries and later duplicates; '-': not counted")
+	for _, r := range res[1:] {
+		fmt.Printf("justonce / %s: %.2f×\n", r.peer, base/median(r.rates))
 	}
-	return nil
+	for _, r := range res {
+		if why, ok := mayDouble[r.peer]; ok {
+			fmt.Printf("%s may double: %s\n", r.peer, why)
+		}
+	}
+	return check(res)
 }
