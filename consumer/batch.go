@@ -28,7 +28,7 @@ func (p *Processor) ProcessBatch(ctx context.Context, msgs []*Message) []Decisio
 		return ds
 	}
 	for i := 0; i < len(msgs); {
-		part := p.ProcessRun(ctx, msgs[i:], 0)
+		part := p.ProcessRun(ctx, msgs[i:], RunLimits{})
 		copy(ds[i:], part)
 		i += len(part)
 		last := part[len(part)-1]

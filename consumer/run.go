@@ -10,6 +10,16 @@ import (
 	"github.com/justonce/justonce/inbox"
 )
 
+// RunLimits bound a ProcessRun.
+type RunLimits struct {
+	// MaxTime: once the run has been going this long, no further message
+	// starts; what ran commits. Zero: no bound.
+	MaxTime time.Duration
+	// Stop, once closed, ends the run the same way (a front closes it when
+	// it stops: the messages not started are left to it). Nil: never.
+	Stop <-chan struct{}
+}
+
 // ProcessRun makes one attempt at the head of msgs, messages that must be
 // decided in order (one partition's, one subject's), and returns the
 // Decisions of msgs[:len(ds)], in order; there is at least one when msgs
@@ -23,7 +33,7 @@ import (
 // and the run ends with its Decision (a counted Retry, or a dead letter),
 // so that the caller retries it in place (Retry) before the messages
 // behind it run, as in Process. The run also ends at a message held
-// InFlight elsewhere, and starts no message after maxTime (0: no bound).
+// InFlight elsewhere, and starts no message beyond its RunLimits.
 // When the transaction fails as a whole for a reason of the handlers' (a
 // deferred constraint failing at COMMIT, a handler that ended the
 // transaction), the messages that ran are processed again one by one
@@ -31,7 +41,7 @@ import (
 // unavailable they are retried uncounted. A single message, and a message
 // without an ID at the head, go through Process: batching adds no cost
 // when nothing else is waiting.
-func (p *Processor) ProcessRun(ctx context.Context, msgs []*Message, maxTime time.Duration) []Decision {
+func (p *Processor) ProcessRun(ctx context.Context, msgs []*Message, lim RunLimits) []Decision {
 	if len(msgs) == 0 {
 		return nil
 	}
@@ -60,7 +70,7 @@ func (p *Processor) ProcessRun(ctx context.Context, msgs []*Message, maxTime tim
 
 	start := time.Now()
 	ran := make([]bool, len(reqs))
-	run, err := p.cfg.Ledger.DoEach(ctx, reqs, inbox.EachOptions{MaxTime: maxTime},
+	run, err := p.cfg.Ledger.DoEach(ctx, reqs, inbox.EachOptions{MaxTime: lim.MaxTime, Stop: lim.Stop},
 		func(ctx context.Context, tx pgx.Tx, i int) (res inbox.Result, err error) {
 			ran[i] = true
 			defer recovered(&err)

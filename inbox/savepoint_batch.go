@@ -23,6 +23,9 @@ type EachOptions struct {
 	// request and commits what ran (the requests left are not decided).
 	// Zero: no bound.
 	MaxTime time.Duration
+	// Stop, once closed, ends the run the same way: no further request
+	// starts (a consumer that is shutting down closes it). Nil: never.
+	Stop <-chan struct{}
 }
 
 // EachRun is what a DoEach run decided.
@@ -54,7 +57,7 @@ type EachRun struct {
 // is not done: one whose handler failed (returned an error, or nil on an
 // aborted savepoint: its savepoint is rolled back and EachRun.Failed says
 // why) or one held InFlight elsewhere. It also starts no request after
-// opts.MaxTime. The caller decides what comes next for the request that
+// opts.MaxTime or once opts.Stop is closed. The caller decides what comes next for the request that
 // stopped the run and for the ones after it: nothing about them is
 // recorded.
 //
@@ -136,8 +139,17 @@ type eachRun struct {
 	committed bool
 }
 
+// over reports whether the run may start no further request.
 func (r *eachRun) over() bool {
-	return r.opts.MaxTime > 0 && time.Since(r.start) >= r.opts.MaxTime
+	if r.opts.MaxTime > 0 && time.Since(r.start) >= r.opts.MaxTime {
+		return true
+	}
+	select {
+	case <-r.opts.Stop:
+		return true
+	default:
+		return false
+	}
 }
 
 // run claims and runs the requests on one connection.

@@ -362,7 +362,8 @@ func (s *session) next(l *lane, n int) []*consumer.Message {
 }
 
 // drain runs l's messages in order until it is empty or the consumer
-// stops.
+// stops: one at a time with BatchSize 1; otherwise what is waiting in the
+// lane, up to BatchSize, as one batch (a lone message runs at once).
 func (s *session) drain(l *lane) {
 	defer s.lanesWG.Done()
 	size := max(1, s.c.cfg.BatchSize)
@@ -371,11 +372,14 @@ func (s *session) drain(l *lane) {
 		if msgs == nil {
 			return
 		}
-		if s.c.cfg.BatchSize > 0 {
-			s.handleBatch(s.linger(l, msgs, size))
-		} else {
+		if size == 1 {
 			s.handle(msgs[0])
+			continue
 		}
+		if s.c.cfg.BatchLinger > 0 {
+			msgs = s.linger(l, msgs, size)
+		}
+		s.handleBatch(msgs)
 	}
 }
 
@@ -465,9 +469,11 @@ func (s *session) handle(m *consumer.Message) {
 	})
 }
 
-// handleBatch runs a batch in one transaction, then retries, in order, the
-// messages that need it; their offsets (and every later one of their
-// partition) stay uncommitted until they are done.
+// handleBatch runs a lane's batch in order: runs of messages in shared
+// transactions (consumer.Processor.ProcessRun), each run's decisions
+// settled, and a message to retry retried in place, before the messages
+// behind it run. Offsets not done (and every later one of their partition)
+// stay uncommitted.
 func (s *session) handleBatch(batch []*consumer.Message) {
 	events := batch[:0:0]
 	for _, m := range batch {
@@ -485,9 +491,16 @@ func (s *session) handleBatch(batch []*consumer.Message) {
 		return
 	}
 	s.inSlot(func(wait func(context.Context, time.Duration) error) {
-		ds := s.c.proc.ProcessBatch(s.procCtx, events)
-		for i, m := range events {
-			s.settle(m, s.c.proc.Retry(s.procCtx, m, ds[i], wait))
+		for len(events) > 0 && !s.stopped() {
+			ds := s.c.proc.ProcessRun(s.procCtx, events, consumer.RunLimits{MaxTime: s.c.cfg.BatchMaxTime, Stop: s.stopping.Done()})
+			for i, d := range ds {
+				d = s.c.proc.Retry(s.procCtx, events[i], d, wait)
+				s.settle(events[i], d)
+				if d.Action != consumer.Ack {
+					return // stopped: this one and the rest stay pending
+				}
+			}
+			events = events[len(ds):]
 		}
 	})
 }

@@ -53,12 +53,17 @@
 //   - A record without an event ID is dead-lettered at once (nothing can
 //     dedupe it), or with Processor.AllowNoID run in a plain transaction,
 //     without dedupe. It is never skipped.
-//   - Batch mode (Config.BatchSize) claims up to BatchSize fetched messages
-//     in one statement and runs the new ones in one transaction; a failing
-//     message is isolated and retried on its own, the others are kept. A
-//     message that needs a retry is retried after the rest of its batch
-//     ran, so in batch mode order holds for the messages that succeed at
-//     the first attempt.
+//   - Batching is adaptive and on by default: when several fetched messages
+//     of a partition are waiting, up to Config.BatchSize (default 50) run
+//     in one transaction, each message's claim and handler in its own
+//     savepoint, and commit together; a message alone in its partition runs
+//     at once in a transaction of its own, so batching adds no latency when
+//     the consumer keeps up. A message whose handler fails is rolled back
+//     alone (its savepoint): the messages before it commit, and it is
+//     retried in place or dead-lettered before the ones behind it run, so
+//     partition order holds as in per-message mode. A deferred constraint
+//     failing at COMMIT cannot be pinned on one savepoint: that batch runs
+//     again message by message. BatchSize 1 turns batching off.
 //   - Run stops as every front does (see the consumer package, "Fronts"):
 //     it stops fetching when its context ends, lets in-flight work finish
 //     (up to Config.ShutdownTimeout), commits, leaves the group and returns

@@ -20,24 +20,35 @@ import (
 	"github.com/justonce/justonce/internal/testsvc"
 )
 
-// BenchmarkWrappedVsBare measures, in one run, a bare JetStream consumer
-// (Consume, BEGIN / business INSERT / COMMIT, Ack) against the natsinbox
-// consumer doing the same business INSERT with the ledger, same
-// concurrency and prefetch, each on b.N pre-published events per round, in
-// benchRounds paired rounds. It reports the medians of both rates and of
-// the paired ratios; batch mode is measured against the same bare
-// per-event consumer.
+// benchEvents is how many events each side consumes per round of
+// BenchmarkWrappedVsBare; benchPaced how many one-at-a-time events each
+// side answers per round of BenchmarkLatencyLowLoad.
+const (
+	benchEvents = 3000
+	benchPaced  = 300
+)
+
+// BenchmarkWrappedVsBare sizes its own work: each iteration is a round in
+// which a bare JetStream consumer (Consume, BEGIN / business INSERT /
+// COMMIT, Ack, one message at a time per worker) and the natsinbox
+// consumer doing the same business INSERT with the ledger each consume
+// benchEvents pre-published events, same concurrency and prefetch, in
+// alternating order. It reports the medians over rounds of both rates and
+// of the paired ratios (per round, neighbours in time: the machine's load
+// drifts). The default config batches adaptively; BatchSize 1 is the
+// per-event mode; both are measured against the same bare per-event
+// consumer.
 //
-//	go test -run '^$' -bench WrappedVsBare -benchtime 4000x ./natsinbox/
+//	go test -run '^$' -bench WrappedVsBare -benchtime 3x ./natsinbox/
 func BenchmarkWrappedVsBare(b *testing.B) {
 	for _, tc := range []struct {
 		name        string
 		concurrency int
 		batch       int
 	}{
-		{"conc=1", 1, 0},
-		{"conc=4", 4, 0},
-		{"batch=100", 1, 100},
+		{"default", 1, 0},
+		{"per_event", 1, 1},
+		{"default_conc=4", 4, 0},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			e := newEnv(b)
@@ -47,26 +58,21 @@ func BenchmarkWrappedVsBare(b *testing.B) {
 			if err != nil {
 				b.Fatal(err)
 			}
-			// Paired rounds, the order alternating: the machine's load
-			// drifts (other processes share its two cores), so each ratio
-			// compares neighbours in time and the medians are reported.
 			var bare, wrapped, ratio []float64
-			b.ResetTimer()
-			for round := 0; round < benchRounds; round++ {
+			for round := 0; round < b.N; round++ {
 				var tb, tw time.Duration
 				if round%2 == 0 {
-					tb = benchBare(b, e, pg.Pool, b.N, tc.concurrency)
-					tw = benchWrapped(b, e, ledger, b.N, tc.concurrency, tc.batch)
+					tb = benchBare(b, e, pg.Pool, benchEvents, tc.concurrency)
+					tw = benchWrapped(b, e, ledger, benchEvents, tc.concurrency, tc.batch)
 				} else {
-					tw = benchWrapped(b, e, ledger, b.N, tc.concurrency, tc.batch)
-					tb = benchBare(b, e, pg.Pool, b.N, tc.concurrency)
+					tw = benchWrapped(b, e, ledger, benchEvents, tc.concurrency, tc.batch)
+					tb = benchBare(b, e, pg.Pool, benchEvents, tc.concurrency)
 				}
-				bare = append(bare, float64(b.N)/tb.Seconds())
-				wrapped = append(wrapped, float64(b.N)/tw.Seconds())
+				bare = append(bare, benchEvents/tb.Seconds())
+				wrapped = append(wrapped, benchEvents/tw.Seconds())
 				ratio = append(ratio, tb.Seconds()/tw.Seconds())
 				b.Logf("round %d: bare %v wrapped %v", round, tb, tw)
 			}
-			b.StopTimer()
 			b.ReportMetric(median(bare), "bare-ev/s")
 			b.ReportMetric(median(wrapped), "wrapped-ev/s")
 			b.ReportMetric(median(ratio), "wrapped/bare")
@@ -74,16 +80,131 @@ func BenchmarkWrappedVsBare(b *testing.B) {
 	}
 }
 
-// benchRounds is how many bare/wrapped pairs one benchmark runs.
-const benchRounds = 5
-
-func median(xs []float64) float64 {
-	s := append([]float64(nil), xs...)
-	sort.Float64s(s)
-	if len(s)%2 == 1 {
-		return s[len(s)/2]
+// BenchmarkLatencyLowLoad sizes its own work: each iteration is a round in
+// which benchPaced events are published one at a time, each after the
+// previous one was handled, to a bare consumer and to a natsinbox consumer
+// with the defaults; the latency from before the publish to the handler's
+// commit is measured. It reports the p99 of each and their ratio (target
+// ≤ 1.2: batching adds no latency when nothing else is waiting).
+//
+//	go test -run '^$' -bench LatencyLowLoad -benchtime 1x ./natsinbox/
+func BenchmarkLatencyLowLoad(b *testing.B) {
+	e := newEnv(b)
+	pg := testsvc.Postgres(b, testsvc.MaxConns(8))
+	pg.Exec(b, `CREATE TABLE bench_effects (event_id text NOT NULL, value bytea)`)
+	ledger, err := inbox.New(pg.Pool, inbox.Config{})
+	if err != nil {
+		b.Fatal(err)
 	}
-	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+	var bare, wrapped []time.Duration
+	for round := 0; round < b.N; round++ {
+		if round%2 == 0 {
+			bare = append(bare, pacedLatency(b, e, pg.Pool, nil)...)
+			wrapped = append(wrapped, pacedLatency(b, e, pg.Pool, ledger)...)
+		} else {
+			wrapped = append(wrapped, pacedLatency(b, e, pg.Pool, ledger)...)
+			bare = append(bare, pacedLatency(b, e, pg.Pool, nil)...)
+		}
+	}
+	pb, pw := p99(bare), p99(wrapped)
+	b.ReportMetric(float64(pb.Microseconds())/1000, "p99-bare-ms")
+	b.ReportMetric(float64(pw.Microseconds())/1000, "p99-wrapped-ms")
+	b.ReportMetric(float64(pw)/float64(pb), "p99-wrapped/bare")
+}
+
+// p99 is the 99th percentile of ds.
+func p99(ds []time.Duration) time.Duration {
+	if len(ds) == 0 {
+		return 0
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[(len(s)*99-1)/100]
+}
+
+// pacedLatency publishes benchPaced events one at a time to a fresh
+// stream, each after the previous one was handled, and returns each
+// latency from before the publish to the handler's commit: a bare
+// consumer when ledger is nil, else a natsinbox consumer with the
+// defaults.
+func pacedLatency(b *testing.B, e *env, pool *pgxpool.Pool, ledger *inbox.Ledger) []time.Duration {
+	subject := testsvc.Unique("lat")
+	stream := e.stream(b, subject, 0)
+	ctx, cancel := context.WithCancel(context.Background())
+	handled := make(chan struct{}, 1)
+	stopped := make(chan struct{})
+	insert := func(ctx context.Context, tx pgx.Tx, id string, v []byte) error {
+		_, err := tx.Exec(ctx, benchInsert, id, v)
+		return err
+	}
+	if ledger != nil {
+		ready := make(chan struct{})
+		c, err := New(Config{
+			Conn: e.nc, Stream: stream, Durable: "lat",
+			Processor: consumer.Config{Ledger: ledger, Scope: stream, Hooks: consumer.Hooks{
+				OnOutcome: func(*consumer.Message, inbox.Outcome, time.Duration) { handled <- struct{}{} },
+			}},
+			ready: func() { close(ready) },
+		}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			return insert(ctx, tx, m.ID, m.Value)
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		go func() {
+			defer close(stopped)
+			_ = c.Run(ctx)
+		}()
+		<-ready
+	} else {
+		cons, err := e.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
+			Durable: "lat", AckPolicy: jetstream.AckExplicitPolicy, AckWait: DefaultAckWait, MaxDeliver: -1,
+		})
+		if err != nil {
+			b.Fatal(err)
+		}
+		cc, err := cons.Consume(func(m jetstream.Msg) {
+			if err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+				return insert(ctx, tx, m.Headers().Get(jetstream.MsgIDHeader), m.Data())
+			}); err != nil {
+				_ = m.Nak()
+				return
+			}
+			_ = m.Ack()
+			handled <- struct{}{}
+		}, jetstream.PullMaxMessages(DefaultMaxBuffered))
+		if err != nil {
+			b.Fatal(err)
+		}
+		go func() {
+			defer close(stopped)
+			<-ctx.Done()
+			cc.Stop()
+		}()
+	}
+	defer func() {
+		cancel()
+		<-stopped
+	}()
+	out := make([]time.Duration, 0, benchPaced)
+	for i := -1; i < benchPaced; i++ { // event -1 warms up, unmeasured
+		m := nats.NewMsg(subject)
+		m.Header.Set(jetstream.MsgIDHeader, subject+"-"+strconv.Itoa(i))
+		m.Data = []byte(`{"amount":100,"currency":"EUR"}`)
+		start := time.Now()
+		if _, err := e.js.PublishMsg(ctx, m); err != nil {
+			b.Fatal(err)
+		}
+		select {
+		case <-handled:
+		case <-time.After(30 * time.Second):
+			b.Fatal("a paced event was not handled within 30 s")
+		}
+		if i >= 0 {
+			out = append(out, time.Since(start))
+		}
+	}
+	return out
 }
 
 // benchStream creates a stream with n messages, each with its own
@@ -111,7 +232,6 @@ const benchInsert = `INSERT INTO bench_effects (event_id, value) VALUES ($1, $2)
 
 // benchBare consumes n events the way one would without justonce.
 func benchBare(b *testing.B, e *env, pool *pgxpool.Pool, n, concurrency int) time.Duration {
-	b.StopTimer()
 	stream := benchStream(b, e, n)
 	ctx := context.Background()
 	cons, err := e.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{
@@ -143,7 +263,6 @@ func benchBare(b *testing.B, e *env, pool *pgxpool.Pool, n, concurrency int) tim
 			}
 		})
 	}
-	b.StartTimer()
 	start := time.Now()
 	cc, err := cons.Consume(func(m jetstream.Msg) { jobs <- m }, jetstream.PullMaxMessages(DefaultMaxBuffered))
 	if err != nil {
@@ -151,7 +270,6 @@ func benchBare(b *testing.B, e *env, pool *pgxpool.Pool, n, concurrency int) tim
 	}
 	<-fin
 	took := time.Since(start)
-	b.StopTimer()
 	cc.Stop()
 	close(jobs)
 	wg.Wait()
@@ -160,7 +278,6 @@ func benchBare(b *testing.B, e *env, pool *pgxpool.Pool, n, concurrency int) tim
 
 // benchWrapped consumes n events with natsinbox.
 func benchWrapped(b *testing.B, e *env, ledger *inbox.Ledger, n, concurrency, batch int) time.Duration {
-	b.StopTimer()
 	stream := benchStream(b, e, n)
 	fin := make(chan struct{})
 	var done atomic.Int64
@@ -191,16 +308,23 @@ func benchWrapped(b *testing.B, e *env, ledger *inbox.Ledger, n, concurrency, ba
 	go func() { errc <- c.Run(ctx) }()
 	select {
 	case <-ready:
-		b.StartTimer()
 	case err := <-errc:
 		b.Fatal(err)
 	}
 	<-fin
 	took := time.Since(start)
-	b.StopTimer()
 	cancel()
 	if err := <-errc; err != nil {
 		b.Fatal(fmt.Errorf("Run: %w", err))
 	}
 	return took
+}
+
+func median(xs []float64) float64 {
+	s := append([]float64(nil), xs...)
+	sort.Float64s(s)
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }

@@ -14,11 +14,13 @@ import (
 
 // Defaults applied by New to zero Config fields.
 const (
-	DefaultAckWait         = 30 * time.Second // Config.AckWait (the server's default too)
-	DefaultMaxBuffered     = 64               // Config.MaxBuffered
-	DefaultFetchWait       = time.Second      // Config.FetchWait
-	DefaultShutdownTimeout = 30 * time.Second // Config.ShutdownTimeout
-	DefaultAckTimeout      = 5 * time.Second  // Config.AckTimeout
+	DefaultAckWait         = 30 * time.Second      // Config.AckWait (the server's default too)
+	DefaultMaxBuffered     = 64                    // Config.MaxBuffered
+	DefaultFetchWait       = time.Second           // Config.FetchWait (unused)
+	DefaultBatchSize       = 50                    // Config.BatchSize
+	DefaultBatchMaxTime    = 50 * time.Millisecond // Config.BatchMaxTime
+	DefaultShutdownTimeout = 30 * time.Second      // Config.ShutdownTimeout
+	DefaultAckTimeout      = 5 * time.Second       // Config.AckTimeout
 
 	// DeadLetterSuffix is appended to a message's subject to form its
 	// dead-letter subject when Config.DeadLetterSubject is empty.
@@ -77,16 +79,28 @@ type Config struct {
 	// Messages waiting for a worker are not kept InProgress: keep
 	// MaxBuffered × handler time / Concurrency well under AckWait.
 	MaxBuffered int
-	// BatchSize > 0 turns on batch mode: messages are pulled with Fetch,
-	// BatchSize at most a request, and up to BatchSize of them are handled
-	// in one transaction (consumer.Processor.ProcessBatch): one claim
-	// statement, one commit, then one ack per message. A batch is handled
-	// as soon as the messages at hand are in; it does not wait to fill.
-	// Default 0: one message, one transaction. JetStream only.
+	// BatchSize is how many messages may run in one transaction
+	// (JetStream). When a worker takes a message and others pulled are
+	// already waiting behind it, up to BatchSize of them run in one
+	// transaction, each message's claim and handler in its own savepoint
+	// (consumer.Processor.ProcessRun), commit together and are acked one
+	// by one; a message whose handler fails is rolled back alone, the ones
+	// before it commit, and it is retried in place (or dead-lettered)
+	// before the ones behind it run. A message that finds none waiting
+	// runs at once in a transaction of its own: batches form under load
+	// only, and never wait to fill. Default DefaultBatchSize (50); 1 turns
+	// batching off. Core NATS runs one message per transaction: there it
+	// may only be 0 or 1.
 	BatchSize int
-	// FetchWait is how long one Fetch request waits on the server for
-	// messages in batch mode. Default 1 s. It bounds how long shutdown
-	// waits for an open request.
+	// BatchMaxTime bounds a batch in time: once its transaction has been
+	// running this long it starts no further message and commits what ran
+	// (the rest runs in the next transaction). Default
+	// DefaultBatchMaxTime (50 ms).
+	BatchMaxTime time.Duration
+	// FetchWait is not used: batches are taken from what Consume has
+	// pulled.
+	//
+	// Deprecated: batching no longer uses Fetch requests.
 	FetchWait time.Duration
 
 	// Subject is the core NATS subject (or wildcard) to subscribe to (core
@@ -97,8 +111,8 @@ type Config struct {
 	Queue string
 
 	// Concurrency is how many handlers run at once. Default 1, which keeps
-	// the stream's order apart from redeliveries. In batch mode it is the
-	// number of fetch loops.
+	// the stream's order apart from redeliveries. Each worker runs its own
+	// batches.
 	Concurrency int
 	// DeadLetterSubject receives the messages that failed for good.
 	// Default: the message's subject with DeadLetterSuffix appended.
@@ -134,6 +148,12 @@ func (c Config) withDefaults() Config {
 	}
 	if c.FetchWait <= 0 {
 		c.FetchWait = DefaultFetchWait
+	}
+	if c.BatchSize == 0 && c.jetStream() {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.BatchMaxTime <= 0 {
+		c.BatchMaxTime = DefaultBatchMaxTime
 	}
 	if c.Concurrency <= 0 {
 		c.Concurrency = 1
@@ -201,8 +221,8 @@ func (c Config) Validate() error {
 		if !validSubject(c.Subject, true) {
 			bad("Subject: invalid subject %q", c.Subject)
 		}
-		if c.BatchSize > 0 {
-			bad("BatchSize is for JetStream only")
+		if c.BatchSize > 1 {
+			bad("BatchSize is for JetStream only (core NATS runs one message per transaction)")
 		}
 		if c.Durable != "" || c.Bind || len(c.FilterSubjects) > 0 {
 			bad("Durable, Bind and FilterSubjects are for JetStream only")

@@ -78,7 +78,9 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	require.Equal(t, []inbox.Disposition{inbox.Duplicate}, fx.outcomesOf(crashID), "redelivery skipped as a duplicate")
 	require.Equal(t, 1, fx.effects(t, crashID), "ran once")
 	require.Equal(t, 3, fx.pg.Count(t, `SELECT count(*) FROM effects`))
-	require.EqualValues(t, 1, fx.runs.Load(), "the surviving consumer ran only the message after the crash")
+	// The child ran "after" too when the three were pulled together: they
+	// committed in one batch before the first ack.
+	require.LessOrEqual(t, fx.runs.Load(), int64(1), "the surviving consumer ran at most the message after the crash")
 }
 
 // crashChild is the consumer process TestCrashAfterCommitBeforeAck kills

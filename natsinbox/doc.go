@@ -16,8 +16,12 @@
 // Set Config.Stream and Config.Durable. The consumer is a durable pull
 // consumer with explicit acks and no MaxDeliver limit (the runtime counts
 // attempts), created or updated by Run; Config.Bind runs a durable managed
-// elsewhere. Messages are pulled with Consume, or with Fetch in batch mode
-// (Config.BatchSize), and each goes through consumer.Processor:
+// elsewhere. Messages are pulled with Consume, and each goes through
+// consumer.Processor. When messages are waiting, up to Config.BatchSize
+// (default 50) run in one transaction, each in its own savepoint, so that a
+// failing handler is rolled back alone and retried in place before the
+// messages behind it; a message that finds none waiting runs at once on
+// its own. BatchSize 1 turns batching off:
 //
 //   - a new event runs in the ledger's transaction and is acked after the
 //     commit (DoubleAck with Config.DoubleAck); a duplicate (a republish

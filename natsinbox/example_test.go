@@ -172,9 +172,10 @@ func Example() {
 	// Output: deliveries: 2, invoices: 1
 }
 
-// Batch mode: up to 100 messages per Fetch are claimed in one statement,
-// run in one transaction and acked after its commit. Here 250 orders are
-// published, and 50 of them a second time without Nats-Msg-Id.
+// Batches: up to BatchSize messages already pulled run in one transaction,
+// each in its own savepoint, and are acked after its commit (batching is on
+// by default; BatchSize sets its bound, 1 turns it off). Here 250 orders
+// are published, and 50 of them a second time without Nats-Msg-Id.
 func ExampleConfig_batch() {
 	ex := setUp() // the ORDERS stream on orders.created; a migrated schema
 	defer ex.tearDown()

@@ -7,7 +7,6 @@ import (
 	"sync"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/justonce/justonce/consumer"
@@ -105,12 +104,7 @@ func (c *Consumer) runJetStream(ctx context.Context) error {
 	}
 	pctx, startDrain, cancel := c.procContext(ctx)
 	defer cancel()
-	if c.cfg.BatchSize > 0 {
-		err = c.runFetch(ctx, pctx, startDrain, cons)
-	} else {
-		err = c.runConsume(ctx, pctx, startDrain, cons)
-	}
-	return err
+	return c.runConsume(ctx, pctx, startDrain, cons)
 }
 
 // handle processes one message and settles it. pctx is the handlers'
@@ -141,9 +135,13 @@ func waitUntil(stopping context.Context) func(context.Context, time.Duration) er
 	return func(_ context.Context, d time.Duration) error { return consumer.Sleep(stopping, d) }
 }
 
-// runConsume pulls with Consume and hands each message to a worker.
+// runConsume pulls with Consume and hands the messages to the workers.
+// With batching (BatchSize > 1) a worker takes, with each message, the
+// ones already waiting behind it, up to BatchSize, and runs them as one
+// batch; a message that finds none waiting runs at once on its own.
 func (c *Consumer) runConsume(ctx, pctx context.Context, startDrain func(), cons jetstream.Consumer) error {
-	jobs := make(chan jetstream.Msg)
+	size := max(1, c.cfg.BatchSize)
+	jobs := make(chan jetstream.Msg, size-1) // a batch's worth waiting beside the one a worker takes
 	draining := make(chan struct{})
 	stopping, stopAll := context.WithCancel(context.Background())
 	defer stopAll()
@@ -151,7 +149,12 @@ func (c *Consumer) runConsume(ctx, pctx context.Context, startDrain func(), cons
 	for range c.cfg.Concurrency {
 		wg.Go(func() {
 			for m := range jobs {
-				c.handle(pctx, stopping, m)
+				batch := gather(m, jobs, size)
+				if len(batch) == 1 {
+					c.handle(pctx, stopping, m)
+					continue
+				}
+				c.handleBatch(pctx, stopping, batch)
 			}
 		})
 	}
@@ -216,129 +219,53 @@ func (c *Consumer) runConsume(ctx, pctx context.Context, startDrain func(), cons
 	return nil
 }
 
-// runFetch runs Concurrency fetch loops in batch mode.
-func (c *Consumer) runFetch(ctx, pctx context.Context, startDrain func(), cons jetstream.Consumer) error {
-	context.AfterFunc(ctx, startDrain)
-	if c.cfg.ready != nil {
-		c.cfg.ready()
-	}
-	errs := make([]error, c.cfg.Concurrency)
-	var wg sync.WaitGroup
-	// A loop that fails for good stops the others.
-	lctx, stop := context.WithCancel(ctx)
-	defer stop()
-	for i := range c.cfg.Concurrency {
-		wg.Go(func() {
-			if errs[i] = c.fetchLoop(lctx, pctx, cons); errs[i] != nil {
-				stop()
-			}
-		})
-	}
-	wg.Wait()
-	return errors.Join(errs...)
-}
-
-// fetchLoop fetches and handles batches until ctx ends.
-func (c *Consumer) fetchLoop(ctx, pctx context.Context, cons jetstream.Consumer) error {
-	backoff := consumer.Backoff{Initial: 100 * time.Millisecond, Max: 5 * time.Second}
-	failures := 0
-	linger := time.NewTimer(time.Hour)
-	linger.Stop()
-	for ctx.Err() == nil {
-		b, err := cons.Fetch(c.cfg.BatchSize, jetstream.FetchMaxWait(c.cfg.FetchWait))
-		if err == nil {
-			// Messages delivered to this request are handled (or, once ctx
-			// ended, Nak'ed) until the request is done: none is abandoned
-			// to wait for AckWait.
-			ch := b.Messages()
-			for {
-				ms := gather(ch, c.cfg.BatchSize, linger)
-				if len(ms) == 0 {
-					break
-				}
-				if ctx.Err() != nil {
-					for _, m := range ms {
-						_ = m.Nak()
-					}
-					continue
-				}
-				c.handleBatch(pctx, ctx, ms) // ctx: the loop's, ended on shutdown or a failed sibling
-			}
-			err = b.Error()
-		}
-		if err == nil || errors.Is(err, nats.ErrTimeout) {
-			failures = 0
-			continue
-		}
-		if errors.Is(err, jetstream.ErrConsumerDeleted) || errors.Is(err, jetstream.ErrConsumerNotFound) ||
-			errors.Is(err, jetstream.ErrBadRequest) || errors.Is(err, nats.ErrConnectionClosed) {
-			return fmt.Errorf("justonce/natsinbox: fetch from durable %q: %w", c.cfg.Durable, err)
-		}
-		failures++
-		c.log.Warn("justonce natsinbox: fetch", "durable", c.cfg.Durable, "err", err)
-		_ = consumer.Sleep(ctx, backoff.Delay(failures))
-	}
-	return nil
-}
-
-// batchLinger is how long gather waits for the next message of a burst.
-const batchLinger = 2 * time.Millisecond
-
-// gather returns the messages at hand, up to n: it waits for the first (nil
-// when ch is closed), then takes what arrives while the burst lasts.
-func gather(ch <-chan jetstream.Msg, n int, linger *time.Timer) []jetstream.Msg {
-	first, ok := <-ch
-	if !ok {
-		return nil
-	}
+// gather returns first with the messages already waiting in jobs, up to
+// n in all; it never waits for more.
+func gather(first jetstream.Msg, jobs <-chan jetstream.Msg, n int) []jetstream.Msg {
 	ms := []jetstream.Msg{first}
 	for len(ms) < n {
 		select {
-		case m, ok := <-ch:
+		case m, ok := <-jobs:
 			if !ok {
 				return ms
 			}
 			ms = append(ms, m)
-			continue
 		default:
-		}
-		linger.Reset(batchLinger)
-		select {
-		case m, ok := <-ch:
-			linger.Stop()
-			if !ok {
-				return ms
-			}
-			ms = append(ms, m)
-		case <-linger.C:
 			return ms
 		}
 	}
 	return ms
 }
 
-// handleBatch handles ms in one ledger transaction and settles each: what
-// is decided at once first, then, one by one and in place, what failed or
-// waits on the database or on another consumer. stopping ends when the
-// consumer stops.
+// handleBatch runs ms in order as runs of messages in shared transactions
+// (consumer.Processor.ProcessRun), settling each run's decisions and
+// retrying a failed message in place, with the heartbeat keeping it
+// InProgress, before the messages behind it run. stopping ends when the
+// consumer stops: what has not started is Nak'ed then.
 func (c *Consumer) handleBatch(pctx, stopping context.Context, ms []jetstream.Msg) {
 	msgs := make([]*consumer.Message, len(ms))
 	for i, m := range ms {
 		msgs[i] = c.jsMessage(m)
 	}
 	c.hb.add(ms...)
-	ds := c.proc.ProcessBatch(pctx, msgs)
-	for i, m := range ms {
-		if ds[i].Action != consumer.Retry {
-			c.hb.remove(m)
-			c.settle(m, msgs[i], ds[i])
+	next := 0
+	defer func() {
+		// Not started (stopping): back to JetStream at once.
+		for i := next; i < len(ms); i++ {
+			c.hb.remove(ms[i])
+			c.settle(ms[i], msgs[i], consumer.Decision{Action: consumer.Stop, Err: context.Cause(stopping)})
 		}
-	}
-	for i, m := range ms {
-		if ds[i].Action == consumer.Retry {
-			d := c.proc.Retry(pctx, msgs[i], ds[i], waitUntil(stopping))
-			c.hb.remove(m)
-			c.settle(m, msgs[i], d)
+	}()
+	for next < len(ms) && stopping.Err() == nil {
+		ds := c.proc.ProcessRun(pctx, msgs[next:], consumer.RunLimits{MaxTime: c.cfg.BatchMaxTime, Stop: stopping.Done()})
+		for k, d := range ds {
+			i := next + k
+			if d.Action == consumer.Retry {
+				d = c.proc.Retry(pctx, msgs[i], d, waitUntil(stopping))
+			}
+			c.hb.remove(ms[i])
+			c.settle(ms[i], msgs[i], d)
 		}
+		next += len(ds)
 	}
 }
