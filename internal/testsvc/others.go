@@ -14,27 +14,14 @@ import (
 
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/redis/go-redis/v9"
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/wait"
 )
 
 // RedisAddr returns host:port of the test Redis server.
 func RedisAddr(t testing.TB) string {
 	t.Helper()
 	return resolve(t, EnvRedis, "redis", func(ctx context.Context) (string, error) {
-		c, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{
-			ContainerRequest: testcontainers.ContainerRequest{
-				Image:        "redis:7",
-				ExposedPorts: []string{"6379/tcp"},
-				Cmd:          []string{"redis-server", "--save", "", "--appendonly", "no"},
-				WaitingFor:   wait.ForLog("Ready to accept connections"),
-			},
-			Started: true,
-		})
-		if err != nil {
-			return "", err
-		}
-		return c.PortEndpoint(ctx, "6379/tcp", "")
+		_, addr, err := startRedisContainer(ctx)
+		return addr, err
 	})
 }
 
@@ -134,32 +121,8 @@ func (p *RedisProcess) Stop(t testing.TB) {
 func KafkaBrokers(t testing.TB) []string {
 	t.Helper()
 	v := resolve(t, EnvKafka, "kafka", func(ctx context.Context) (string, error) {
-		// A fixed host port: Kafka advertises the address clients must use.
-		c, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{
-			ContainerRequest: testcontainers.ContainerRequest{
-				Image:        "apache/kafka:4.1.1",
-				ExposedPorts: []string{"59092:59092/tcp"},
-				Env: map[string]string{
-					"KAFKA_NODE_ID":                                  "1",
-					"KAFKA_PROCESS_ROLES":                            "broker,controller",
-					"KAFKA_LISTENERS":                                "PLAINTEXT://:59092,CONTROLLER://:59093",
-					"KAFKA_ADVERTISED_LISTENERS":                     "PLAINTEXT://127.0.0.1:59092",
-					"KAFKA_CONTROLLER_LISTENER_NAMES":                "CONTROLLER",
-					"KAFKA_CONTROLLER_QUORUM_VOTERS":                 "1@localhost:59093",
-					"KAFKA_OFFSETS_TOPIC_REPLICATION_FACTOR":         "1",
-					"KAFKA_GROUP_INITIAL_REBALANCE_DELAY_MS":         "0",
-					"KAFKA_TRANSACTION_STATE_LOG_REPLICATION_FACTOR": "1",
-					"KAFKA_TRANSACTION_STATE_LOG_MIN_ISR":            "1",
-				},
-				WaitingFor: wait.ForListeningPort("59092/tcp"),
-			},
-			Started: true,
-		})
-		if err != nil {
-			return "", err
-		}
-		_ = c
-		return "127.0.0.1:59092", nil
+		_, addr, err := startKafkaContainer(ctx)
+		return addr, err
 	})
 	return strings.Split(v, ",")
 }

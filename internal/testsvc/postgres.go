@@ -12,8 +12,6 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/testcontainers/testcontainers-go"
-	"github.com/testcontainers/testcontainers-go/wait"
 
 	"github.com/justonce/justonce/migrations"
 )
@@ -49,24 +47,8 @@ func PostgresURL(t testing.TB) string {
 }
 
 func startPostgres(ctx context.Context) (string, error) {
-	c, err := testcontainers.GenericContainer(ctx, testcontainers.GenericContainerRequest{
-		ContainerRequest: testcontainers.ContainerRequest{
-			Image:        "postgres:16",
-			ExposedPorts: []string{"5432/tcp"},
-			Env:          map[string]string{"POSTGRES_HOST_AUTH_METHOD": "trust"},
-			Cmd:          []string{"postgres", "-c", "max_connections=400"},
-			WaitingFor:   wait.ForLog("database system is ready to accept connections").WithOccurrence(2),
-		},
-		Started: true,
-	})
-	if err != nil {
-		return "", err
-	}
-	ep, err := c.PortEndpoint(ctx, "5432/tcp", "")
-	if err != nil {
-		return "", err
-	}
-	return "postgres://postgres@" + ep + "/postgres?sslmode=disable", nil
+	_, dsn, err := startPostgresContainer(ctx)
+	return dsn, err
 }
 
 var (

@@ -7,7 +7,11 @@
 //     JUSTONCE_TEST_KAFKA_BROKERS, JUSTONCE_TEST_NATS_URL), also read from
 //     the .services.env file that `make services-up` writes at the repository
 //     root;
-//  2. a container through testcontainers-go, when a Docker engine answers;
+//  2. a container through testcontainers-go, when a Docker engine answers
+//     (first, when JUSTONCE_TEST_CONTAINERS=1); containers use host
+//     networking and free loopback ports, carry the label justonce.test=1,
+//     and are started once per test process (PostgresContainer and
+//     RedisContainer start one for a single test, terminated when it ends);
 //  3. for NATS, the real server embedded in-process.
 //
 // When none is there the test fails with a message saying how to start one.
@@ -89,7 +93,7 @@ func fromContainer(name string, start func(ctx context.Context) (string, error))
 // resolve finds a service address: env, else container, else fail.
 func resolve(t testing.TB, env, name string, start func(ctx context.Context) (string, error)) string {
 	t.Helper()
-	if v := Getenv(env); v != "" {
+	if v := Getenv(env); v != "" && !(start != nil && forceContainers()) {
 		return v
 	}
 	if start != nil && dockerAvailable() {
