@@ -110,6 +110,10 @@ func (c *Consumer) clientOptions(s *session) []kgo.Opt {
 		kgo.ConsumerGroup(c.cfg.GroupID),
 		kgo.ConsumeTopics(c.cfg.Topics...),
 		kgo.FetchIsolationLevel(kgo.ReadCommitted()),
+		// Transaction markers come too, to be marked done at once: the
+		// committed offset then moves past a partition's last marker (and
+		// the aborted records before it), and the group shows no lag.
+		kgo.KeepControlRecords(),
 		kgo.DisableAutoCommit(),
 		kgo.BlockRebalanceOnPoll(),
 		kgo.OnPartitionsRevoked(s.revoked(true)),
@@ -275,6 +279,13 @@ func (s *session) poll(ctx context.Context) {
 		fs := s.cl.PollRecords(ctx, room)
 		got := 0
 		fs.EachRecord(func(r *kgo.Record) {
+			if r.Attrs.IsControl() {
+				// A transaction marker: nothing to run.
+				tp := topicPartition{r.Topic, r.Partition}
+				s.tr.fetched(tp, r.Offset)
+				s.tr.done(tp, r.Offset)
+				return
+			}
 			got++
 			s.enqueue(r)
 		})
