@@ -24,16 +24,18 @@ import (
 // The peers, in the order of the table.
 const (
 	peerJustonce    = "justonce"
+	peerJustonceC4  = "justonce, Concurrency 4"
 	peerHandwritten = "hand-written inbox"
 	peerWatermill   = "watermill kafka + dedup"
 	peerWatermillSQ = "watermill sql tx + dedup"
 )
 
-var peerNames = []string{peerJustonce, peerHandwritten, peerWatermill, peerWatermillSQ}
+var peerNames = []string{peerJustonce, peerJustonceC4, peerHandwritten, peerWatermill, peerWatermillSQ}
 
 // peerSlug names a peer in flags, topics and schemas.
 var peerSlug = map[string]string{
 	peerJustonce:    "justonce",
+	peerJustonceC4:  "justonce-c4",
 	peerHandwritten: "handwritten",
 	peerWatermill:   "watermill",
 	peerWatermillSQ: "watermillsql",
@@ -57,7 +59,9 @@ type childArgs struct {
 func consume(ctx context.Context, a childArgs) error {
 	switch a.peer {
 	case "justonce":
-		return consumeJustonce(ctx, a)
+		return consumeJustonce(ctx, a, 0)
+	case "justonce-c4":
+		return consumeJustonce(ctx, a, 4)
 	case "handwritten":
 		return consumeHandwritten(ctx, a)
 	case "watermill":
@@ -68,18 +72,21 @@ func consume(ctx context.Context, a childArgs) error {
 	return fmt.Errorf("unknown peer %q", a.peer)
 }
 
-// consumeJustonce: kafkainbox.Consumer with its defaults. The ledger row and
-// the effect commit in one transaction; offsets are committed after it.
-func consumeJustonce(ctx context.Context, a childArgs) error {
+// consumeJustonce: kafkainbox.Consumer with its defaults (concurrency 0)
+// or with Config.Concurrency set, to run the partitions in parallel as
+// Watermill's Kafka subscriber does. The ledger row and the effect commit
+// in one transaction; offsets are committed after it.
+func consumeJustonce(ctx context.Context, a childArgs, concurrency int) error {
 	ledger, err := inbox.New(a.pool, inbox.Config{})
 	if err != nil {
 		return err
 	}
 	c, err := kafkainbox.New(kafkainbox.Config{
-		Brokers:   a.brokers,
-		Topic:     a.topic,
-		GroupID:   a.group,
-		Processor: consumer.Config{Ledger: ledger},
+		Brokers:     a.brokers,
+		Topic:       a.topic,
+		GroupID:     a.group,
+		Processor:   consumer.Config{Ledger: ledger},
+		Concurrency: concurrency,
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		_, err := tx.Exec(ctx, effectSQL, m.ID)
 		return err
