@@ -9,8 +9,8 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/justonce/justonce/consumer"
-	"github.com/justonce/justonce/internal/testsvc"
 	"github.com/justonce/justonce/franzinbox"
+	"github.com/justonce/justonce/internal/testsvc"
 )
 
 // Replaying a topic through the same handler runs only what the ledger has
