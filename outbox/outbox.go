@@ -212,7 +212,7 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string,
 			}
 		}
 		_, err = tx.Exec(ctx, `INSERT INTO `+o.table+` (id, lane, broker, topic, key, headers, value)
-SELECT * FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::bytea[], $6::jsonb[], $7::bytea[]) WITH ORDINALITY AS m(id, lane, broker, topic, key, headers, value, ord) ORDER BY ord`,
+SELECT id, lane, broker, topic, key, headers, value FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::bytea[], $6::jsonb[], $7::bytea[]) WITH ORDINALITY AS m(id, lane, broker, topic, key, headers, value, ord) ORDER BY ord`,
 			ids, lanes, brokers, topics, keys, hv, values)
 	}
 	if err != nil {

@@ -116,8 +116,19 @@ func publishKafka(ctx context.Context, w *kafka.Writer, msgs []*pending) {
 	}
 	var werr kafka.WriteErrors
 	if errors.As(err, &werr) && len(werr) == len(msgs) {
+		var refused []int
 		for i, p := range msgs {
 			p.err = kafkaErr(p, werr[i])
+			if werr[i] != nil && permanentKafka(werr[i]) {
+				refused = append(refused, i)
+			}
+		}
+		// The broker refuses a partition's whole request for one message
+		// (too large): send the refused ones alone to find which.
+		if len(msgs) > 1 {
+			for _, i := range refused {
+				publishKafka(ctx, w, msgs[i:i+1])
+			}
 		}
 		return
 	}
@@ -137,6 +148,50 @@ func kafkaErr(p *pending, err error) error {
 		return nil
 	}
 	return &PublishError{ID: p.id, Broker: Kafka, Topic: p.topic, Permanent: permanentKafka(err), Err: err}
+}
+
+// confirmUnknownTopics turns the msgs' permanent "unknown topic" errors
+// into transient ones unless the cluster itself says so. kafka-go answers
+// a writer's metadata from its transport's cache, refreshed every
+// MetadataTTL (6 s by default): a topic created since is "unknown" to it
+// for a while. The check asks the cluster through a transport of its own,
+// without creating the topic.
+func confirmUnknownTopics(ctx context.Context, w *kafka.Writer, msgs []*pending) {
+	unknown := map[string]bool{}
+	for _, p := range msgs {
+		var pe *PublishError
+		if errors.As(p.err, &pe) && pe.Permanent && errors.Is(pe.Err, kafka.UnknownTopicOrPartition) {
+			unknown[p.topic] = false
+		}
+	}
+	if len(unknown) == 0 {
+		return
+	}
+	t := &kafka.Transport{}
+	if wt, ok := w.Transport.(*kafka.Transport); ok {
+		t = &kafka.Transport{Dial: wt.Dial, DialTimeout: wt.DialTimeout, ClientID: wt.ClientID,
+			TLS: wt.TLS, SASL: wt.SASL, Context: wt.Context, Resolver: wt.Resolver}
+	}
+	defer t.CloseIdleConnections()
+	topics := make([]string, 0, len(unknown))
+	for topic := range unknown {
+		topics = append(topics, topic)
+	}
+	c := &kafka.Client{Addr: w.Addr, Transport: t}
+	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
+	if err == nil {
+		for _, tp := range md.Topics {
+			if _, ok := unknown[tp.Name]; ok && errors.Is(tp.Error, kafka.UnknownTopicOrPartition) {
+				unknown[tp.Name] = true
+			}
+		}
+	}
+	for _, p := range msgs {
+		var pe *PublishError
+		if errors.As(p.err, &pe) && pe.Permanent && errors.Is(pe.Err, kafka.UnknownTopicOrPartition) && !unknown[p.topic] {
+			pe.Permanent = false
+		}
+	}
 }
 
 // publishNATS publishes msgs asynchronously, in order on one connection,

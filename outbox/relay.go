@@ -68,8 +68,9 @@ type RelayConfig struct {
 // RelayHooks are told what a relay does. They are called from the
 // relay's goroutines and must not block.
 type RelayHooks struct {
-	// OnPublished: n messages to broker were acked and deleted.
-	OnPublished func(broker Broker, n int)
+	// OnPublished: n messages of the lane to broker were acked and
+	// deleted.
+	OnPublished func(broker Broker, lane, n int)
 	// OnFailed: the broker refused a message for good; it is marked
 	// failed (err.Permanent is true).
 	OnFailed func(err *PublishError)
@@ -391,7 +392,11 @@ func (r *Relay) batch(ctx context.Context, lane int) (n int, full bool, err erro
 			}
 		} else {
 			wg.Add(1)
-			go func() { defer wg.Done(); publishKafka(bctx, r.cfg.Kafka, kmsgs) }()
+			go func() {
+				defer wg.Done()
+				publishKafka(bctx, r.cfg.Kafka, kmsgs)
+				confirmUnknownTopics(bctx, r.cfg.Kafka, kmsgs)
+			}()
 		}
 	}
 	if len(nmsgs) > 0 {
@@ -464,10 +469,10 @@ FROM unnest($1::bigint[], $2::text[]) AS f(seq, err) WHERE o.seq = f.seq`, retry
 	h := r.cfg.Hooks
 	if h.OnPublished != nil {
 		if pubKafka > 0 {
-			h.OnPublished(Kafka, pubKafka)
+			h.OnPublished(Kafka, lane, pubKafka)
 		}
 		if pubNATS > 0 {
-			h.OnPublished(NATS, pubNATS)
+			h.OnPublished(NATS, lane, pubNATS)
 		}
 	}
 	for _, pe := range failedErrs {
