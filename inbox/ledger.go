@@ -41,9 +41,10 @@ type Config struct {
 	// Postgres stays the arbiter. See RedisConfig.
 	Redis *RedisConfig
 	// RecordDuration stores every handler's run time and completion time
-	// (duration_us, completed_at), at the cost of one more row update per
-	// event. Default false: rows with a result get them; rows without keep
-	// the claim time as completed_at and no duration.
+	// (duration_us, completed_at). Do and DoBatch on the plain layout write
+	// them always, with the row, at no cost; elsewhere (the time-bucket
+	// layout) they cost one more row update per event without a result,
+	// and are written only when this is set. Default false.
 	RecordDuration bool
 	// Logger receives warnings (Redis episodes, janitor failures), and so
 	// do the consumer runtime and the fronts built on this ledger. Keys are
@@ -149,13 +150,16 @@ func (l *Ledger) Validate(r Request) error {
 	return nil
 }
 
-// Do runs fn once for req.Key, inside a transaction that also claims the
+// Do runs fn once for req.Key, inside a transaction that also records the
 // key in processed_events:
 //
-//	BEGIN; claim; fn(ctx, tx); record result; COMMIT
+//	BEGIN; claim; fn(ctx, tx); write the row; COMMIT
 //
-// BEGIN travels with the claim and the result with COMMIT, so the ledger
-// adds no round trip to the handler's own.
+// The claim takes the key's lock and looks the key up; the row is written
+// once, complete with fn's result, with COMMIT. BEGIN travels with the
+// claim and the row with COMMIT, so the ledger adds no round trip to the
+// handler's own. (On the time-bucket layout the claim writes the row and a
+// result updates it with COMMIT: the same round trips.)
 //
 // The Outcome says what happened: Executed (fn ran and committed), Duplicate
 // (done before; Outcome.Result is the stored result), InFlight (another
@@ -166,7 +170,9 @@ func (l *Ledger) Validate(r Request) error {
 // with Op "handler"): a retry runs fn again. When fn returns nil but a
 // statement in its transaction failed (an ignored SQL error), nothing is
 // recorded either and Do returns ErrRolledBack: Executed always means
-// committed. Database failures are *StoreError (errors.Is ErrStore);
+// committed. A handler that ends the transaction itself (COMMIT or
+// ROLLBACK through Exec) fails with ErrTxOwned. Database failures are
+// *StoreError (errors.Is ErrStore);
 // ErrCommitUnknown means the commit's fate is unknown and a retry is safe;
 // IsTransient says which errors a retry can cure. The commit of a finished
 // handler is not cut short by ctx's cancellation; a cancelled wait for a key
@@ -224,7 +230,123 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 	if err := l.store.detect(ctx, conn); err != nil { // the layout, at first use
 		return Outcome{}, storeErr("claim", err)
 	}
+	if l.store.buckets {
+		return l.doClaimFirst(ctx, conn, req, fn)
+	}
+	// A row written by someone who did not hold the key's lock can refuse
+	// the commit's write: the transaction rolls back, and the claim is
+	// made again, which then finds that row.
+	for attempt := 1; ; attempt++ {
+		out, conflict, err := l.doWriteOnce(ctx, conn, req, fn)
+		if !conflict || attempt == maxConflictRetries {
+			return out, err
+		}
+	}
+}
 
+// maxConflictRetries bounds the claims of a key whose row appeared,
+// written without the key's lock, while its handler ran.
+const maxConflictRetries = 3
+
+// doWriteOnce is Do on the plain layout, writing the key's row once,
+// complete, with the commit:
+//
+//	BEGIN; lock the key; look it up  -- one round trip
+//	fn(ctx, tx)                      -- the handler's
+//	INSERT the row; COMMIT           -- one round trip
+//
+// The key's advisory lock (a transaction lock) keeps every other claimer
+// out until the commit, and they answer InFlight, as they would for a row
+// not yet committed; the lock is released only after the commit is
+// visible. The look-up runs as a statement of its own after the lock is
+// taken, so its snapshot sees every row an earlier holder committed.
+// conflict reports that the row's INSERT met a row written without the
+// lock (the transaction rolled back): claim again.
+func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, fn TxFunc) (out Outcome, conflict bool, err error) {
+	var locked bool
+	var now time.Time
+	var found bool
+	var ls recordScan
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(l.store.lockOneSQL, lockKey(req.Key)).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&locked, &now)
+	})
+	b.Queue(l.store.lookupSQL, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(ls.dest()...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		found = err == nil
+		return err
+	})
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		rollback(conn)
+		return Outcome{}, false, storeErr("claim", err)
+	}
+	var rec *Record
+	var live, leased bool
+	if found {
+		rec, live, leased = ls.record(req.Key)
+	}
+	switch {
+	case !locked:
+		// Another caller holds the key (or one sharing its lock).
+		rollback(conn)
+		return classify(req, claimRow{rec: rec, live: live}), false, nil
+	case rec != nil && takeover(rec, live, leased, req.Fingerprint):
+		// Take over an expired row or a lapsed lease: rare, so through the
+		// claim statement (the lock is ours already) and a completion.
+		return l.takeOver(ctx, conn, req, fn)
+	case rec != nil:
+		rollback(conn)
+		return classify(req, claimRow{rec: rec, live: live}), false, nil
+	}
+
+	ttl := l.ttl(req)
+	start := time.Now()
+	res, err := runHandler(WithEvent(ctx, req.Key), conn, fn)
+	if err != nil {
+		return Outcome{}, false, err
+	}
+	took := time.Since(start)
+	if err := l.commit(ctx, conn, func(b *pgx.Batch) {
+		l.store.queueInsertDone(b, req, ttl, res, took)
+	}); err != nil {
+		return Outcome{}, isKeyConflict(err), err
+	}
+	created := now
+	rec = &Record{
+		Key: req.Key, Status: StatusDone, Fingerprint: req.Fingerprint, Source: req.Source,
+		Principal: req.Principal, Attempts: 1, Result: res, Duration: took.Truncate(time.Microsecond),
+		CreatedAt: created, CompletedAt: created, ExpiresAt: created.Add(ttl.Truncate(time.Microsecond)),
+	}
+	return Outcome{Disposition: Executed, Result: res, Record: rec}, false, nil
+}
+
+// takeOver claims, with the claim statement, a key whose row the lock
+// holder may take over, then runs fn as doClaimFirst does.
+func (l *Ledger) takeOver(ctx context.Context, conn *pgx.Conn, req Request, fn TxFunc) (Outcome, bool, error) {
+	var c claimedScan
+	err := conn.QueryRow(ctx, l.store.claimOneSQL, claimOneArgs(req, l.ttl(req), 0, "")...).Scan(c.dest()...)
+	if errors.Is(err, pgx.ErrNoRows) {
+		// The row changed since the look-up (written without the lock):
+		// claim again.
+		rollback(conn)
+		return Outcome{}, true, storeErr("claim", err)
+	}
+	if err != nil {
+		rollback(conn)
+		return Outcome{}, false, storeErr("claim", err)
+	}
+	out, err := l.runClaimed(ctx, conn, req, c.record(req, 0, ""), fn)
+	return out, false, err
+}
+
+// doClaimFirst is Do on the time-bucket layout: the claim writes the row
+// (the layout's claim function moves a taken-over row between buckets),
+// and a result is stored by an update with the commit.
+func (l *Ledger) doClaimFirst(ctx context.Context, conn *pgx.Conn, req Request, fn TxFunc) (Outcome, error) {
 	// BEGIN travels with the claim: one round trip.
 	var c claimedScan
 	claimed := false
@@ -268,8 +390,12 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 		}
 		return classify(req, claimRow{rec: rec, live: live}), nil
 	}
-	cr := claimRow{claimed: true, rec: c.record(req, 0, ""), live: true}
+	return l.runClaimed(ctx, conn, req, c.record(req, 0, ""), fn)
+}
 
+// runClaimed runs fn for a key whose row the open transaction has
+// written, and records fn's result (if any) with the commit.
+func (l *Ledger) runClaimed(ctx context.Context, conn *pgx.Conn, req Request, rec *Record, fn TxFunc) (Outcome, error) {
 	start := time.Now()
 	res, err := runHandler(WithEvent(ctx, req.Key), conn, fn)
 	if err != nil {
@@ -285,7 +411,6 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 	}); err != nil {
 		return Outcome{}, err
 	}
-	rec := cr.rec
 	rec.Result = res
 	return Outcome{Disposition: Executed, Result: res, Record: rec}, nil
 }
@@ -305,6 +430,12 @@ func runHandler(ctx context.Context, conn *pgx.Conn, fn TxFunc) (res Result, err
 	}()
 	res, err = fn(ctx, &ownedTx{conn: conn})
 	err = handlerErr(conn.PgConn(), err)
+	if pc := conn.PgConn(); err == nil && !pc.IsClosed() && pc.TxStatus() == 'I' {
+		// COMMIT or ROLLBACK sent through Exec: the key's lock went with
+		// the transaction, and what the handler wrote is no longer tied to
+		// the ledger's row.
+		err = fmt.Errorf("%w: the handler ended the transaction itself", ErrTxOwned)
+	}
 	ok = err == nil
 	return res, err
 }
@@ -512,71 +643,13 @@ func (l *Ledger) DoBatch(ctx context.Context, reqs []Request, fn BatchFunc) ([]O
 		return nil, storeErr("claim", err)
 	}
 
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(l.store.claimSQL, claimArgs(uniq, l.ttl, 0, "")...)
-	br := conn.SendBatch(ctx, b)
-	_, err = br.Exec()
-	var rows []claimRow
-	if err == nil {
-		var qr pgx.Rows
-		if qr, err = br.Query(); err == nil {
-			rows, err = l.store.collectClaim(qr, uniq)
+	for attempt := 1; ; attempt++ {
+		conflict, err := l.batchOnce(ctx, conn, reqs, uniq, uniqIdx, outs, fn)
+		if err == nil {
+			break
 		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	if err != nil {
-		rollback(conn)
-		return nil, storeErr("claim", err)
-	}
-
-	var fresh []int
-	for u, cr := range rows {
-		if cr.claimed {
-			fresh = append(fresh, uniqIdx[u])
-		} else {
-			outs[uniqIdx[u]] = classify(uniq[u], cr)
-		}
-	}
-	if len(fresh) == 0 {
-		rollback(conn)
-	} else {
-		start := time.Now()
-		var results []Result
-		_, err := runHandler(ctx, conn, func(ctx context.Context, tx pgx.Tx) (Result, error) {
-			var err error
-			results, err = fn(ctx, tx, fresh)
-			return Result{}, err
-		})
-		if err != nil {
+		if !conflict || attempt == maxConflictRetries {
 			return nil, err
-		}
-		if results != nil && len(results) != len(fresh) {
-			rollback(conn)
-			return nil, fmt.Errorf("justonce/inbox: batch handler returned %d results for %d requests", len(results), len(fresh))
-		}
-		d := time.Since(start) / time.Duration(len(fresh))
-		err = l.commit(ctx, conn, func(b *pgx.Batch) {
-			for j, i := range fresh {
-				var res Result
-				if results != nil {
-					res = results[j]
-				}
-				if !res.IsZero() {
-					l.store.queueComplete(b, reqs[i].Key, res, d)
-				}
-			}
-		})
-		if err != nil {
-			return nil, err
-		}
-		for j, i := range fresh {
-			outs[i] = Outcome{Disposition: Executed}
-			if results != nil {
-				outs[i].Result = results[j]
-			}
 		}
 	}
 	// Copies within the batch answer like a duplicate of their first.
@@ -595,6 +668,198 @@ func (l *Ledger) DoBatch(ctx context.Context, reqs []Request, fn BatchFunc) ([]O
 		l.observe(r, outs[i], nil)
 	}
 	return outs, nil
+}
+
+// batchOnce claims the unique requests uniq (uniqIdx: their indexes in
+// reqs), runs fn with the fresh ones and commits, filling outs at
+// uniqIdx. On the plain layout the claim locks every key in one statement
+// and looks them up in a second (one round trip with BEGIN), and the new
+// keys' rows are written once, complete, by one INSERT with the commit;
+// conflict reports that this INSERT met a row written without its key's
+// lock (rolled back: claim again). On the time-bucket layout the claim
+// writes the rows.
+func (l *Ledger) batchOnce(ctx context.Context, conn *pgx.Conn, reqs, uniq []Request, uniqIdx []int, outs []Outcome, fn BatchFunc) (conflict bool, err error) {
+	var rows []claimRow // per uniq
+	var now time.Time
+	// isNew marks the uniq positions claimed by the lock alone (their rows
+	// are written with the commit); the others claimed wrote their rows.
+	isNew := make([]bool, len(uniq))
+	if l.store.buckets {
+		rows, err = l.claimMany(ctx, conn, true, uniq)
+	} else {
+		rows, now, err = l.lockMany(ctx, conn, uniq)
+		var over []int // locked, with a row that may be taken over
+		for u := range rows {
+			cr := &rows[u]
+			switch {
+			case cr.claimed && cr.rec == nil:
+				isNew[u] = true
+			case cr.claimed && takeover(cr.rec, cr.live, cr.leased, uniq[u].Fingerprint):
+				over = append(over, u)
+			default:
+				cr.claimed = false
+			}
+		}
+		if err == nil && len(over) > 0 {
+			sub := make([]Request, len(over))
+			for j, u := range over {
+				sub[j] = uniq[u]
+			}
+			var taken []claimRow
+			if taken, err = l.claimMany(ctx, conn, false, sub); err == nil {
+				for j, u := range over {
+					rows[u] = taken[j]
+				}
+			}
+		}
+	}
+	if err != nil {
+		rollback(conn)
+		return false, storeErr("claim", err)
+	}
+
+	var fresh []int
+	var freshU []int // uniq positions of fresh
+	for u, cr := range rows {
+		if cr.claimed {
+			fresh = append(fresh, uniqIdx[u])
+			freshU = append(freshU, u)
+		} else {
+			outs[uniqIdx[u]] = classify(uniq[u], cr)
+		}
+	}
+	if len(fresh) == 0 {
+		rollback(conn)
+		return false, nil
+	}
+	start := time.Now()
+	var results []Result
+	_, err = runHandler(ctx, conn, func(ctx context.Context, tx pgx.Tx) (Result, error) {
+		var err error
+		results, err = fn(ctx, tx, fresh)
+		return Result{}, err
+	})
+	if err != nil {
+		return false, err
+	}
+	if results != nil && len(results) != len(fresh) {
+		rollback(conn)
+		return false, fmt.Errorf("justonce/inbox: batch handler returned %d results for %d requests", len(results), len(fresh))
+	}
+	d := time.Since(start) / time.Duration(len(fresh))
+	var newIdx []int // reqs indexes of the rows to insert
+	var newRes []Result
+	for j, u := range freshU {
+		if isNew[u] {
+			newIdx = append(newIdx, fresh[j])
+			if results != nil {
+				newRes = append(newRes, results[j])
+			}
+		}
+	}
+	var insertArgs []any
+	if len(newIdx) > 0 {
+		if insertArgs, err = insertManyArgs(reqs, newIdx, newRes, l.ttl, d); err != nil {
+			rollback(conn)
+			return false, fmt.Errorf("justonce/inbox: batch result: %w", err)
+		}
+	}
+	err = l.commit(ctx, conn, func(b *pgx.Batch) {
+		if insertArgs != nil {
+			b.Queue(l.store.insertManySQL, insertArgs...)
+		}
+		for j, i := range fresh {
+			if isNew[freshU[j]] {
+				continue
+			}
+			var res Result
+			if results != nil {
+				res = results[j]
+			}
+			if !res.IsZero() {
+				l.store.queueComplete(b, reqs[i].Key, res, d)
+			}
+		}
+	})
+	if err != nil {
+		return isKeyConflict(err), err
+	}
+	for j, i := range fresh {
+		outs[i] = Outcome{Disposition: Executed}
+		if results != nil {
+			outs[i].Result = results[j]
+		}
+		if isNew[freshU[j]] {
+			r := reqs[i]
+			ttl := l.ttl(r)
+			outs[i].Record = &Record{
+				Key: r.Key, Status: StatusDone, Fingerprint: r.Fingerprint, Source: r.Source,
+				Principal: r.Principal, Attempts: 1, Result: outs[i].Result, Duration: d.Truncate(time.Microsecond),
+				CreatedAt: now, CompletedAt: now, ExpiresAt: now.Add(ttl.Truncate(time.Microsecond)),
+			}
+		}
+	}
+	return false, nil
+}
+
+// claimMany runs the batch claim statement for reqs; begin pipelines
+// BEGIN with it.
+func (l *Ledger) claimMany(ctx context.Context, conn *pgx.Conn, begin bool, reqs []Request) ([]claimRow, error) {
+	b := &pgx.Batch{}
+	if begin {
+		b.Queue("BEGIN")
+	}
+	b.Queue(l.store.claimSQL, claimArgs(reqs, l.ttl, 0, "")...)
+	br := conn.SendBatch(ctx, b)
+	var err error
+	if begin {
+		_, err = br.Exec()
+	}
+	var rows []claimRow
+	if err == nil {
+		var qr pgx.Rows
+		if qr, err = br.Query(); err == nil {
+			rows, err = l.store.collectClaim(qr, reqs)
+		}
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return rows, err
+}
+
+// lockMany opens the transaction, takes the keys' advisory locks and then
+// looks the keys up, in one round trip. claimed says the lock was taken;
+// rec is the key's row, if any.
+func (l *Ledger) lockMany(ctx context.Context, conn *pgx.Conn, reqs []Request) ([]claimRow, time.Time, error) {
+	n := len(reqs)
+	locks := make([]int64, n)
+	scopes, tenants, ids := make([]string, n), make([]string, n), make([]string, n)
+	for i, r := range reqs {
+		locks[i] = lockKey(r.Key)
+		scopes[i], tenants[i], ids[i] = r.Scope, r.Tenant, r.ID
+	}
+	var locked []bool
+	var now time.Time
+	b := &pgx.Batch{}
+	b.Queue("BEGIN")
+	b.Queue(l.store.lockManySQL, locks).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, &now) })
+	rows := make([]claimRow, n)
+	b.Queue(l.store.lookupManySQL, scopes, tenants, ids).Query(func(qr pgx.Rows) error {
+		got, err := l.store.collectClaimLookup(qr, reqs)
+		copy(rows, got)
+		return err
+	})
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		return nil, now, err
+	}
+	if len(locked) != n {
+		return nil, now, fmt.Errorf("lock returned %d answers for %d keys", len(locked), n)
+	}
+	for i := range rows {
+		rows[i].claimed = locked[i]
+	}
+	return rows, now, nil
 }
 
 // Lookup returns the live row for k, or ErrNotFound (absent or expired).

@@ -2,6 +2,7 @@ package inbox
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -32,6 +33,11 @@ type pgStore struct {
 	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
 	releaseSQL, failSQL, purgeSQL, statsSQL, liveSQL      string
 	knownSQL                                              string
+
+	// The plain layout's write-once path (see Ledger.Do): the claim takes
+	// the key's lock and looks the key up; the row is written once,
+	// complete, with the commit.
+	lockOneSQL, lockManySQL, lookupManySQL, insertDoneSQL, insertManySQL string
 }
 
 // querier is what pgx.Tx, *pgx.Conn and *pgxpool.Pool have in common.
@@ -120,6 +126,33 @@ UNION ALL
 SELECT u.ord, false, ` + cols("e") + `
 	FROM u LEFT JOIN {T} e ON e.scope = u.scope AND e.tenant = u.tenant AND e.event_id = u.event_id
 	WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.scope = u.scope AND ins.tenant = u.tenant AND ins.event_id = u.event_id)`)
+
+	// lockOneSQL takes one key's advisory lock (without waiting) and
+	// returns the transaction's time, which the row will carry. The key is
+	// looked up by a separate statement after it: that statement's snapshot
+	// is taken once the lock is held, so it sees every row committed by an
+	// earlier holder of the lock.
+	s.lockOneSQL = r.Replace(`SELECT pg_try_advisory_xact_lock($1::bigint # {OID}), now()`)
+	s.lockManySQL = r.Replace(`SELECT array_agg(pg_try_advisory_xact_lock(u.k # {OID}) ORDER BY u.o), now()
+		FROM unnest($1::bigint[]) WITH ORDINALITY AS u(k, o)`)
+	s.lookupManySQL = r.Replace(`SELECT u.ord, ` + cols("e") + `
+		FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(scope, tenant, event_id, ord)
+		JOIN {T} e ON e.scope = u.scope AND e.tenant = u.tenant AND e.event_id = u.event_id`)
+	// insertDoneSQL writes a transactional-mode row, complete, under the
+	// key's lock, for a key the lock holder found absent: a plain INSERT.
+	// A conflict (a row written without the lock) fails it, and with it
+	// the commit.
+	s.insertDoneSQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
+		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at)
+	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
+		now() + $11::bigint * interval '1 microsecond')`)
+	s.insertManySQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
+		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at)
+	SELECT u.scope, u.tenant, u.event_id, 'done', u.fingerprint, u.source, u.principal,
+		u.code, u.header, u.body, u.duration_us, now(), clock_timestamp(), now() + u.ttl_us * interval '1 microsecond'
+	FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[],
+		$7::integer[], $8::text[]::jsonb[], $9::bytea[], $10::bigint[], $11::bigint[])
+		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us)`)
 
 	s.lookupSQL = r.Replace(`SELECT ` + cols("e") + ` FROM {T} e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3`)
 
@@ -531,4 +564,83 @@ func (s *pgStore) claimInSavepoint(ctx context.Context, tx pgx.Tx, req Request, 
 	}
 	rec, live, _ := ls.record(req.Key)
 	return claimRow{rec: rec, live: live}, nil
+}
+
+// takeover reports whether a claim may take over the existing row rec:
+// its retention expired, or (lease mode) its lease lapsed and the
+// fingerprints agree. The claim statements test the same in SQL.
+func takeover(rec *Record, live, leased bool, fp []byte) bool {
+	if !live {
+		return true
+	}
+	return rec.Status == StatusProcessing && !rec.LeaseUntil.IsZero() && !leased &&
+		(fp == nil || rec.Fingerprint == nil || string(fp) == string(rec.Fingerprint))
+}
+
+// queueInsertDone adds the statement that writes a claimed key's row,
+// complete, with the commit (the write-once path).
+func (s *pgStore) queueInsertDone(b *pgx.Batch, r Request, ttl time.Duration, res Result, d time.Duration) {
+	b.Queue(s.insertDoneSQL, r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal,
+		nullCode(res.Code), nullHeader(res.Header), res.Body, d.Microseconds(), ttl.Microseconds())
+}
+
+// insertManyArgs are insertManySQL's arguments for the requests reqs[i]
+// of idx with their results (nil: none) and run time each.
+func insertManyArgs(reqs []Request, idx []int, results []Result, ttl func(Request) time.Duration, d time.Duration) ([]any, error) {
+	n := len(idx)
+	scopes, tenants, ids := make([]string, n), make([]string, n), make([]string, n)
+	fps, bodies := make([][]byte, n), make([][]byte, n)
+	sources, principals := make([]string, n), make([]string, n)
+	codes, headers := make([]*int32, n), make([]*string, n)
+	durs, ttls := make([]int64, n), make([]int64, n)
+	for j, i := range idx {
+		r := reqs[i]
+		scopes[j], tenants[j], ids[j] = r.Scope, r.Tenant, r.ID
+		fps[j], sources[j], principals[j] = r.Fingerprint, string(r.Source), r.Principal
+		durs[j], ttls[j] = d.Microseconds(), ttl(r).Microseconds()
+		if results == nil {
+			continue
+		}
+		res := results[j]
+		codes[j], bodies[j] = nullCode(res.Code), res.Body
+		if len(res.Header) > 0 {
+			h, err := json.Marshal(res.Header)
+			if err != nil {
+				return nil, err
+			}
+			hs := string(h)
+			headers[j] = &hs
+		}
+	}
+	return []any{scopes, tenants, ids, fps, sources, principals, codes, headers, bodies, durs, ttls}, nil
+}
+
+// isKeyConflict reports whether err is the ledger's primary key refusing a
+// row: a row for the key was written by someone who did not hold the key's
+// lock (or is not visible to a REPEATABLE READ snapshot).
+func isKeyConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "processed_events_pkey"
+}
+
+// collectClaimLookup reads lookupManySQL's rows: the existing row of each
+// request that has one (claimed is left false).
+func (s *pgStore) collectClaimLookup(rows pgx.Rows, reqs []Request) ([]claimRow, error) {
+	defer rows.Close()
+	out := make([]claimRow, len(reqs))
+	for rows.Next() {
+		var cr claimRow
+		var sc recordScan
+		dest := append([]any{&cr.ord}, sc.dest()...)
+		if err := rows.Scan(dest...); err != nil {
+			return nil, err
+		}
+		i := int(cr.ord) - 1
+		if i < 0 || i >= len(reqs) {
+			return nil, fmt.Errorf("look-up returned ordinal %d of %d", cr.ord, len(reqs))
+		}
+		cr.rec, cr.live, cr.leased = sc.record(reqs[i].Key)
+		out[i] = cr
+	}
+	return out, rows.Err()
 }
