@@ -16,6 +16,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -77,6 +78,7 @@ type summary struct {
 	hopLedger                                map[string][2]int // scope -> done, failed
 	hopHTTPMismatched                        int
 	relayKillsBusy                           int // relay kills while outbox rows were waiting
+	relayKillRows                            int // outbox rows waiting at those kills
 	took                                     time.Duration
 	problems                                 []string
 }
@@ -127,7 +129,7 @@ func (s *summary) print(w io.Writer) {
 		case fNatsRestart:
 			extra = " (" + s.natsSync + ")"
 		case fRelayKill:
-			extra = fmt.Sprintf(" (%d with outbox rows waiting)", s.relayKillsBusy)
+			extra = fmt.Sprintf(" (after a stall of every relay; %d with outbox rows in hand, %d rows in all)", s.relayKillsBusy, s.relayKillRows)
 		case fRelease:
 			extra = fmt.Sprintf(" (%d keys released and resent, %d release calls failed)", s.released, s.releaseFailed)
 		}
@@ -620,7 +622,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 			startSlot(roleRelay, i, append([]string{"-transport", roleRelay}, hopCommon...))
 		}
 		if h.hk {
-			h.httpLoad(ctx, &httpWG, hopAddrs, o.twoHopHTTPKeys, o.httpClients)
+			producers[pipeHK] = h.httpProducer(ctx, &httpWG, hopAddrs, o.twoHopHTTPKeys, o.httpClients)
 		}
 	}
 
@@ -700,10 +702,20 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 			if len(rs) == 0 {
 				return true, nil
 			}
-			// Kill while the relays have work in hand: an outbox row
-			// waiting (or being published) now.
-			var busy bool
-			if err := pool.QueryRow(ctx, `SELECT EXISTS (SELECT 1 FROM outbox)`).Scan(&busy); err != nil || !busy {
+			// Kill a relay while it has work in hand: every relay stalls
+			// (SIGSTOP) while A goes on adding messages, then resumes, and
+			// one of them is SIGKILLed a moment into the backlog (or into
+			// the batch it was stopped in).
+			for _, s := range rs {
+				s.signal(syscall.SIGSTOP)
+			}
+			_ = consumer.Sleep(ctx, o.killEvery)
+			for _, s := range rs {
+				s.signal(syscall.SIGCONT)
+			}
+			time.Sleep(time.Duration(mrand.N(100)) * time.Millisecond)
+			var waiting int
+			if err := pool.QueryRow(ctx, `SELECT count(*) FROM outbox`).Scan(&waiting); err != nil || waiting == 0 {
 				if relayIdle++; relayIdle < 20 {
 					return false, nil
 				}
@@ -713,8 +725,9 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 				return false, nil
 			}
 			relayIdle = 0
-			if busy {
+			if waiting > 0 {
 				sum.relayKillsBusy++
+				sum.relayKillRows += waiting
 			}
 			sum.killsBy[s.transport]++
 		case fRedis:
@@ -795,7 +808,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 
 	// Production, interleaved with faults.
 	chunks := max(len(queue), 10)
-	order := []string{"kafka", "nats", pipeKN}
+	order := []string{"kafka", "nats", pipeKN, pipeHK}
 	for c := 0; c < chunks; c++ {
 		for _, name := range order {
 			p := producers[name]

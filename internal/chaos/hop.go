@@ -373,7 +373,7 @@ func setupHops(ctx context.Context, o options, h *hops, sum *summary, nc *nats.C
 	// The relay's Nats-Msg-Id is deduplicated within the window; a short
 	// one lets republishes after a relay kill through to B's ledger.
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: hopStream, Subjects: []string{hopSubject},
-		Storage: jetstream.FileStorage, Duplicates: 500 * time.Millisecond}); err != nil {
+		Storage: jetstream.FileStorage, Duplicates: 100 * time.Millisecond}); err != nil {
 		return nil, err
 	}
 	h.srcTopic = "chaos-kn-" + randHex(4)
@@ -408,46 +408,54 @@ func setupHops(ctx context.Context, o options, h *hops, sum *summary, nc *nats.C
 	return p, nil
 }
 
-// httpLoad sends every key of the http>kafka pipeline from several clients
-// at once, each attempt to one of A's processes at random (a killed one
-// refuses; the retry goes elsewhere or to its successor).
-func (h *hops) httpLoad(ctx context.Context, wg *sync.WaitGroup, addrs []string, keys, clients int) {
+// httpProducer is the http>kafka pipeline's source: each chunk of keys is
+// sent, as the production goes on, from several clients at once, each
+// attempt to one of A's processes at random (a killed one refuses; the
+// retry goes elsewhere or to its successor). emit does not wait for the
+// answers: wg does.
+func (h *hops) httpProducer(ctx context.Context, wg *sync.WaitGroup, addrs []string, keys, clients int) *producer {
 	base := &rotate{addrs: addrs, rt: http.DefaultTransport}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &httpretry.Transport{Base: base, MaxAttempts: 200,
 		Backoff: httpretry.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}}}
 	sem := make(chan struct{}, 16)
-	wg.Add(1)
-	go func() {
+	send := func(key string) {
 		defer wg.Done()
-		for k := 0; k < keys && ctx.Err() == nil; k++ {
-			key := "y-" + strconv.Itoa(k)
+		sem <- struct{}{}
+		defer func() { <-sem }()
+		h.httpRequests.Add(1)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://a/order", strings.NewReader(`{"key":"`+key+`"}`))
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			h.httpFailed.Add(1)
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			h.httpFailed.Add(1)
+			return
+		}
+		v, _ := h.bodies.LoadOrStore(key, &sync.Map{})
+		v.(*sync.Map).Store(string(b), true)
+	}
+	p := &producer{name: pipeHK, expect: make(map[string]hostileKind, keys), closeFn: func() {}}
+	for k := 0; k < keys; k++ {
+		id := "y-" + strconv.Itoa(k)
+		p.ids = append(p.ids, id)
+		p.expect[id] = normal
+	}
+	p.emit = func(ctx context.Context, ids []string) error {
+		for _, key := range ids {
 			for c := 0; c < clients; c++ {
-				sem <- struct{}{}
 				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					defer func() { <-sem }()
-					h.httpRequests.Add(1)
-					req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://a/order", strings.NewReader(`{"key":"`+key+`"}`))
-					req.Header.Set("Idempotency-Key", key)
-					req.Header.Set("Content-Type", "application/json")
-					resp, err := client.Do(req)
-					if err != nil {
-						h.httpFailed.Add(1)
-						return
-					}
-					b, _ := io.ReadAll(resp.Body)
-					resp.Body.Close()
-					if resp.StatusCode/100 != 2 {
-						h.httpFailed.Add(1)
-						return
-					}
-					v, _ := h.bodies.LoadOrStore(key, &sync.Map{})
-					v.(*sync.Map).Store(string(b), true)
-				}()
+				go send(key)
 			}
 		}
-	}()
+		return nil
+	}
+	return p
 }
 
 // rotate sends each attempt to one of addrs at random.

@@ -148,6 +148,17 @@ func (s *slot) kill() bool {
 	return s.cmd.Process.Signal(syscall.SIGKILL) == nil
 }
 
+// signal sends sig to the running process, unless it was killed (or is
+// being stopped, for any signal but SIGCONT).
+func (s *slot) signal(sig syscall.Signal) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.cmd == nil || s.cmd.Process == nil || s.killed || (s.stopping && sig != syscall.SIGCONT) {
+		return false
+	}
+	return s.cmd.Process.Signal(sig) == nil
+}
+
 func (s *slot) stop() {
 	s.mu.Lock()
 	s.stopping = true
