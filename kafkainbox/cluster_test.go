@@ -5,38 +5,188 @@ package kafkainbox_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/internal/testsvc"
 	"github.com/justonce/justonce/kafkainbox"
+	"github.com/justonce/justonce/outbox"
 )
 
 // TestClusterBrokerKilledMidRun runs a consumer on a three-broker KRaft
-// cluster (topic with replication factor 3, min.insync.replicas 2) while a
-// producer publishes with acks=all, and SIGKILLs the broker that
-// coordinates the consumer group while both are mid-run. Every acknowledged
-// event has its effect exactly once.
+// cluster (topics with replication factor 3, min.insync.replicas 2) while
+// events are published with acks=all, and SIGKILLs the broker that
+// coordinates the consumer group while both are mid-run: every event
+// published has its effect exactly once. The events are published first
+// by a kafka-go producer, then (with the killed broker restarted) by the
+// outbox relay, from rows that transactions added to the outbox.
 //
 // Run with `go test -tags kafkacluster -run '^TestCluster' ./kafkainbox`
 // (scripts/kafka-cluster-test.sh); the cluster uses ports 47001-47013.
 func TestClusterBrokerKilledMidRun(t *testing.T) {
-	const (
-		total     = 3000
-		batch     = 25
-		killAfter = 600 // effects before the kill
-	)
 	t0 := time.Now()
 	cl := testsvc.StartKafkaCluster(t, testsvc.KafkaClusterConfig{})
-	brokers := cl.Brokers
-	t.Logf("cluster of 3 ready in %s: %v", time.Since(t0).Round(time.Millisecond), brokers)
+	t.Logf("cluster of 3 ready in %s: %v", time.Since(t0).Round(time.Millisecond), cl.Brokers)
 
+	var victim int
+	t.Run("producer", func(t *testing.T) { victim = killMidRun(t, cl, publishDirect) })
+	if t.Failed() {
+		return
+	}
+	t0 = time.Now()
+	cl.Start(victim)
+	cl.WaitBrokers(3, 2*time.Minute)
+	t.Logf("node %d restarted and registered in %s", victim, time.Since(t0).Round(time.Millisecond))
+	t.Run("outbox relay", func(t *testing.T) { killMidRun(t, cl, publishOutbox) })
+}
+
+// A publisher publishes total events "ev-0".."ev-<total-1>" to topic at a
+// steady pace, counting in acked those published for good (acked by the
+// brokers, or committed to the outbox) and in retries the failed
+// attempts, until done receives its result.
+type publisher func(ctx context.Context, t *testing.T, brokers []string, topic string, fx *fixture, total int,
+	acked, retries *atomic.Int64, done chan<- error)
+
+const clusterBatch = 25
+
+// publishDirect: a kafka-go producer, acks=all, each batch retried until
+// acknowledged (a retry after a lost answer may write a batch twice: the
+// ledger absorbs it).
+func publishDirect(ctx context.Context, t *testing.T, brokers []string, topic string, _ *fixture, total int,
+	acked, retries *atomic.Int64, done chan<- error) {
+	tr := &kafka.Transport{}
+	w := &kafka.Writer{
+		Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{},
+		RequiredAcks: kafka.RequireAll, BatchSize: clusterBatch, BatchTimeout: 2 * time.Millisecond,
+		MaxAttempts: 3, WriteBackoffMin: 50 * time.Millisecond, WriteBackoffMax: 500 * time.Millisecond,
+		Transport: tr,
+	}
+	defer func() {
+		_ = w.Close()
+		tr.CloseIdleConnections()
+	}()
+	for from := 0; from < total; from += clusterBatch {
+		msgs := events("ev", from, min(from+clusterBatch, total), 64)
+		for {
+			err := w.WriteMessages(ctx, msgs...)
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil {
+				done <- err
+				return
+			}
+			retries.Add(1)
+			time.Sleep(100 * time.Millisecond)
+		}
+		acked.Add(int64(len(msgs)))
+		time.Sleep(20 * time.Millisecond) // a steady stream, so that the kill lands mid-run
+	}
+	done <- nil
+}
+
+// publishOutbox: transactions add the events to the outbox (a batch per
+// transaction) while a relay publishes them (acks=all); done when the
+// outbox is empty.
+func publishOutbox(ctx context.Context, t *testing.T, brokers []string, topic string, fx *fixture, total int,
+	acked, retries *atomic.Int64, done chan<- error) {
+	pool, err := pgxpool.New(ctx, fx.pg.URL)
+	if err != nil {
+		done <- err
+		return
+	}
+	defer pool.Close()
+	ob, err := outbox.New(pool, outbox.Config{})
+	if err != nil {
+		done <- err
+		return
+	}
+	tr := &kafka.Transport{}
+	defer tr.CloseIdleConnections()
+	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Transport: tr, MaxAttempts: 3,
+		WriteBackoffMin: 50 * time.Millisecond, WriteBackoffMax: 500 * time.Millisecond}
+	defer w.Close()
+	relay, err := ob.Relay(outbox.RelayConfig{
+		Kafka: w, PollInterval: 100 * time.Millisecond, PublishTimeout: 10 * time.Second,
+		Backoff: consumer.Backoff{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond},
+		Hooks: outbox.RelayHooks{
+			OnRetry:  func(*outbox.PublishError) { retries.Add(1) },
+			OnFailed: func(e *outbox.PublishError) { t.Errorf("outbox: failed for good: %v", e) },
+		},
+	})
+	if err != nil {
+		done <- err
+		return
+	}
+	if w.RequiredAcks != kafka.RequireAll {
+		done <- errors.New("the relay's writer does not wait for acks=all")
+		return
+	}
+	rctx, stopRelay := context.WithCancel(ctx)
+	relayDone := make(chan error, 1)
+	go func() { relayDone <- relay.Run(rctx) }()
+	finish := func(err error) {
+		stopRelay()
+		if rerr := <-relayDone; err == nil {
+			err = rerr
+		}
+		done <- err
+	}
+	for from := 0; from < total; from += clusterBatch {
+		msgs := make([]outbox.Message, 0, clusterBatch)
+		for i := from; i < min(from+clusterBatch, total); i++ {
+			id := "ev-" + strconv.Itoa(i)
+			msgs = append(msgs, outbox.Message{ID: id, Broker: outbox.Kafka, Topic: topic,
+				Key: []byte("k" + strconv.Itoa(i%64)), Value: []byte(id)})
+		}
+		err := pgx.BeginFunc(ctx, pool, func(tx pgx.Tx) error {
+			_, err := ob.Add(ctx, tx, msgs...)
+			return err
+		})
+		if err != nil {
+			finish(err)
+			return
+		}
+		acked.Add(int64(len(msgs)))
+		time.Sleep(20 * time.Millisecond)
+	}
+	for {
+		st, err := ob.Stats(ctx)
+		if err != nil {
+			finish(err)
+			return
+		}
+		if st.Pending == 0 && st.Failed == 0 {
+			break
+		}
+		if ctx.Err() != nil {
+			finish(fmt.Errorf("outbox not drained: %+v", st))
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	finish(nil)
+}
+
+// killMidRun creates a topic, publishes into it with pub while a consumer
+// runs, SIGKILLs the group's coordinator mid-run, and checks every event
+// has its effect exactly once. It returns the killed node.
+func killMidRun(t *testing.T, cl *testsvc.KafkaCluster, pub publisher) int {
+	const (
+		total     = 3000
+		killAfter = 600 // effects before the kill
+	)
+	brokers := cl.Brokers
 	topic := testsvc.Unique("jo-cluster")
 	isr2 := []kafka.ConfigEntry{{ConfigName: "min.insync.replicas", ConfigValue: "2"}}
 	createTopics(t, brokers,
@@ -49,66 +199,33 @@ func TestClusterBrokerKilledMidRun(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 
-	// The producer: acks=all, each batch retried until acknowledged (a
-	// retry after a lost answer may write a batch twice: the ledger must
-	// absorb it).
 	var acked, retries atomic.Int64
-	prodDone := make(chan error, 1)
-	go func() {
-		tr := &kafka.Transport{}
-		w := &kafka.Writer{
-			Addr: kafka.TCP(brokers...), Topic: topic, Balancer: &kafka.Hash{},
-			RequiredAcks: kafka.RequireAll, BatchSize: batch, BatchTimeout: 2 * time.Millisecond,
-			MaxAttempts: 3, WriteBackoffMin: 50 * time.Millisecond, WriteBackoffMax: 500 * time.Millisecond,
-			Transport: tr,
-		}
-		defer func() {
-			_ = w.Close()
-			tr.CloseIdleConnections()
-		}()
-		for from := 0; from < total; from += batch {
-			msgs := events("ev", from, min(from+batch, total), 64)
-			for {
-				err := w.WriteMessages(ctx, msgs...)
-				if err == nil {
-					break
-				}
-				if ctx.Err() != nil {
-					prodDone <- err
-					return
-				}
-				retries.Add(1)
-				time.Sleep(100 * time.Millisecond)
-			}
-			acked.Add(int64(len(msgs)))
-			time.Sleep(20 * time.Millisecond) // a steady stream, so that the kill lands mid-run
-		}
-		prodDone <- nil
-	}()
+	pubDone := make(chan error, 1)
+	go pub(ctx, t, brokers, topic, fx, total, &acked, &retries, pubDone)
 
 	stop := start(t, kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: fx.processor()}, fx.insert)
 	defer stop()
 
-	// Kill mid-run: the consumer has committed effects, the producer is
+	// Kill mid-run: the consumer has committed effects, the publisher is
 	// still publishing.
 	testsvc.Eventually(t, 2*time.Minute, func() bool { return fx.effects(t) >= killAfter },
-		"%d effects before the kill (have %d, acked %d)", killAfter, fx.effects(t), acked.Load())
+		"%d effects before the kill (have %d, published %d)", killAfter, fx.effects(t), acked.Load())
 	victim := coordinatorNode(t, cl, group)
 	led := leadersOn(t, brokers, topic, cl.Addr(victim))
 	effectsAtKill, ackedAtKill, runsAtKill := fx.effects(t), acked.Load(), fx.runs.Load()
 	killedAt := time.Now()
 	pid := cl.Kill(victim)
-	t.Logf("SIGKILLed node %d (pid %d): group coordinator, leader of %d of the topic's 6 partitions; at the kill: %d effects, %d acked of %d, handler runs %d",
+	t.Logf("SIGKILLed node %d (pid %d): group coordinator, leader of %d of the topic's 6 partitions; at the kill: %d effects, %d published of %d, handler runs %d",
 		victim, pid, led, effectsAtKill, ackedAtKill, total, runsAtKill)
 	require.Less(t, effectsAtKill, total, "the consumer had work left at the kill")
-	require.Less(t, ackedAtKill, int64(total), "the producer was still publishing at the kill")
+	require.Less(t, ackedAtKill, int64(total), "the publisher was still publishing at the kill")
 
 	// Both go on through the two surviving brokers.
 	select {
-	case err := <-prodDone:
-		require.NoError(t, err, "producer")
+	case err := <-pubDone:
+		require.NoError(t, err, "publisher")
 	case <-ctx.Done():
-		t.Fatalf("producer did not finish: %d acked, %d retries", acked.Load(), retries.Load())
+		t.Fatalf("publisher did not finish: %d published, %d retries", acked.Load(), retries.Load())
 	}
 	require.EqualValues(t, total, acked.Load())
 	testsvc.Eventually(t, 2*time.Minute, func() bool { return fx.effects(t) >= total },
@@ -118,13 +235,14 @@ func TestClusterBrokerKilledMidRun(t *testing.T) {
 	stop()
 
 	records := len(readAll(t, brokers, topic))
-	t.Logf("after the kill: producer retries %d, records in the topic %d (%d written twice by retries), handler runs %d, ledger duplicates %d, dead letters %d; all done %s after the kill",
+	t.Logf("after the kill: publish retries %d, records in the topic %d (%d written twice by retries), handler runs %d, ledger duplicates %d, dead letters %d; all done %s after the kill",
 		retries.Load(), records, records-total, fx.runs.Load(), fx.dups.Load(), fx.deadLetts.Load(), recovered.Round(time.Millisecond))
 	require.Greater(t, fx.effects(t), effectsAtKill, "effects after the kill")
-	require.GreaterOrEqual(t, records, total, "every acknowledged event is in the topic")
+	require.GreaterOrEqual(t, records, total, "every published event is in the topic")
 	require.Zero(t, fx.deadLetts.Load(), "dead letters")
 	fx.assertExactlyOnce(t, total) // 0 lost, 0 doubled
 	require.Equal(t, 0, fx.pg.Count(t, `SELECT count(*) FROM (SELECT event_id FROM effects GROUP BY event_id HAVING count(*) > 1) d`), "doubled effects")
+	return victim
 }
 
 // requireReplicated checks every partition of topic has 3 replicas, all in

@@ -93,10 +93,20 @@ func StartKafkaCluster(t testing.TB, cfg KafkaClusterConfig) *KafkaCluster {
 	c := &KafkaCluster{t: t, cfg: cfg, home: home, dir: t.TempDir(), procs: map[int]*exec.Cmd{}, done: map[int]chan struct{}{}}
 	for i := 1; i <= cfg.Nodes; i++ {
 		for _, p := range []int{c.port(i), c.controllerPort(i)} {
-			if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p)); err != nil {
-				t.Fatalf("testsvc: kafka cluster port %d is taken: %v", p, err)
-			} else {
-				_ = l.Close()
+			// The ports lie in Linux's default ephemeral range: a client
+			// connection may hold one for a while (scripts/kafka-cluster-test.sh
+			// reserves the range where it may).
+			end := time.Now().Add(15 * time.Second)
+			for {
+				l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+				if err == nil {
+					_ = l.Close()
+					break
+				}
+				if time.Now().After(end) {
+					t.Fatalf("testsvc: kafka cluster port %d is taken: %v", p, err)
+				}
+				time.Sleep(100 * time.Millisecond)
 			}
 		}
 		c.Brokers = append(c.Brokers, c.Addr(i))
