@@ -74,7 +74,7 @@ type summary struct {
 	bucketLayout                             bool
 	killsBy                                  map[string]int // SIGKILLs by worker role
 	hops                                     *hops
-	hopLost, hopDoubled                      map[string]int
+	hopLost, hopDoubled, hopLeaked           map[string]int
 	hopLedger                                map[string][2]int // scope -> done, failed
 	hopHTTPMismatched                        int
 	relayKillsBusy                           int // relay kills while outbox rows were waiting
@@ -173,9 +173,10 @@ func (s *summary) print(w io.Writer) {
 			if pipe == pipeHK {
 				a, b = "chaos-hk-a", "chaos-hk-b"
 			}
-			fmt.Fprintf(w, "two-hop %s: %d unique source IDs -> B effects %d, distinct %d: lost %d, doubled %d; ledger A %d done, B %d done; relays published %d messages to the hop (%d more than unique); B answered %d deliveries as duplicates\n",
+			fmt.Fprintf(w, "two-hop %s: %d unique source IDs -> B effects %d, distinct %d: lost %d, doubled %d; ledger A %d done, B %d done\n"+
+				"       the hop holds %d messages (%d republished), %d sources with a rolled-back run's message; B answered %d deliveries as duplicates\n",
 				pipe, s.unique[pipe], s.effects[pipe], s.distinct[pipe], s.hopLost[pipe], s.hopDoubled[pipe],
-				s.hopLedger[a][0], s.hopLedger[b][0], h.published[pipe], h.published[pipe]-int64(s.unique[pipe]),
+				s.hopLedger[a][0], s.hopLedger[b][0], h.published[pipe], h.published[pipe]-int64(s.unique[pipe]), s.hopLeaked[pipe],
 				s.obs.get("hop-duplicate:"+map[string]string{pipeKN: roleKNB, pipeHK: roleHKB}[pipe]))
 		}
 		if h.hk {
@@ -250,7 +251,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 		hostile: map[string]map[hostileKind]int{}, effects: map[string]int{}, distinct: map[string]int{},
 		faults: map[string]int{}, netKinds: map[string]int{}, down: map[string][]time.Duration{},
 		deadLettered: map[string]int{}, obs: obs, killsBy: map[string]int{},
-		hopLost: map[string]int{}, hopDoubled: map[string]int{}, hopLedger: map[string][2]int{}}
+		hopLost: map[string]int{}, hopDoubled: map[string]int{}, hopLeaked: map[string]int{}, hopLedger: map[string][2]int{}}
 	defer func() { sum.took = time.Since(start) }()
 	want := map[string]bool{}
 	for _, t := range strings.Split(o.transports, ",") {

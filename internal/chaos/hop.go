@@ -26,6 +26,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -67,6 +68,10 @@ const (
 	hopSubject   = "chaos.hop"
 	hopStream    = "CHAOSHOP"
 	headerSource = "chaos-source"
+	// headerRun names the run of A's handler that added the message: a
+	// message of a run whose transaction rolled back must never be
+	// published, so every message of one source carries one run.
+	headerRun = "chaos-run"
 )
 
 // relayRoles are the roles whose processes run a relay: -relay-kills picks
@@ -237,7 +242,7 @@ func hopWorker(ctx context.Context, a *hopArgs) int {
 		}
 		h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if _, err := ob.Add(ctx, tx, outbox.Message{Broker: outbox.NATS, Topic: hopSubject, Value: []byte(m.ID),
-				Headers: []consumer.Header{{Key: headerSource, Value: []byte(m.ID)}}}); err != nil {
+				Headers: []consumer.Header{{Key: headerSource, Value: []byte(m.ID)}, {Key: headerRun, Value: []byte(randHex(8))}}}); err != nil {
 				return err
 			}
 			if !a.hostileInA {
@@ -284,7 +289,7 @@ func hopWorker(ctx context.Context, a *hopArgs) int {
 		mux.Handle("POST /order", route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			key, _ := httpbridge.Key(r.Context())
 			if _, err := ob.Add(r.Context(), httpbridge.Tx(r.Context()), outbox.Message{Broker: outbox.Kafka, Topic: a.topic,
-				Key: []byte(key), Value: []byte(key), Headers: []consumer.Header{{Key: headerSource, Value: []byte(key)}}}); err != nil {
+				Key: []byte(key), Value: []byte(key), Headers: []consumer.Header{{Key: headerSource, Value: []byte(key)}, {Key: headerRun, Value: []byte(randHex(8))}}}); err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable)
 				return
 			}
@@ -347,6 +352,8 @@ type hops struct {
 	stats           string
 	statsErr        error
 	pending, failed int64
+	runs            map[string]map[string]map[string]bool // pipe -> source -> A's runs seen on the hop
+	readErr         error
 }
 
 // setupHops creates the pipelines' topics and stream and returns the
@@ -471,24 +478,24 @@ func (r *rotate) RoundTrip(req *http.Request) (*http.Response, error) {
 	return r.rt.RoundTrip(req)
 }
 
-// finish reads what the brokers hold after the run: messages the relays
-// published on each hop (more than the unique count: republishes).
+// finish reads what the brokers hold after the run: every message the
+// relays published on each hop (more than the unique count: republishes),
+// and for each source the runs of A's handler its messages came from.
 func (h *hops) finish(ctx context.Context) {
 	h.published = map[string]int64{}
-	if h.kn && h.js != nil {
-		if s, err := h.js.Stream(ctx, hopStream); err == nil {
-			if info, err := s.Info(ctx); err == nil {
-				h.published[pipeKN] = int64(info.State.Msgs)
-			}
+	h.runs = map[string]map[string]map[string]bool{pipeKN: {}, pipeHK: {}}
+	note := func(pipe, src, run string) {
+		if h.runs[pipe][src] == nil {
+			h.runs[pipe][src] = map[string]bool{}
 		}
+		h.runs[pipe][src][run] = true
+		h.published[pipe]++
+	}
+	if h.kn && h.js != nil {
+		h.readErr = errors.Join(h.readErr, readStream(ctx, h.js, hopStream, func(src, run string) { note(pipeKN, src, run) }))
 	}
 	if h.hk {
-		n, err := topicMessages(h.brokers[0], h.topic, 4)
-		if err == nil {
-			h.published[pipeHK] = n
-		} else {
-			h.published[pipeHK] = -1
-		}
+		h.readErr = errors.Join(h.readErr, readTopic(ctx, h.brokers, h.topic, 4, func(src, run string) { note(pipeHK, src, run) }))
 	}
 	if h.ob != nil {
 		st, err := h.ob.Stats(ctx)
@@ -497,22 +504,95 @@ func (h *hops) finish(ctx context.Context) {
 	}
 }
 
-// topicMessages counts the messages in a topic's partitions.
-func topicMessages(broker, topic string, partitions int) (int64, error) {
-	var n int64
+// readTopic calls f with the source and run headers of every message in
+// the topic's partitions.
+func readTopic(ctx context.Context, brokers []string, topic string, partitions int, f func(src, run string)) error {
 	for p := 0; p < partitions; p++ {
-		conn, err := kafka.DialLeader(context.Background(), "tcp", broker, topic, p)
+		conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, p)
 		if err != nil {
-			return 0, err
+			return err
 		}
 		first, last, err := conn.ReadOffsets()
 		_ = conn.Close()
 		if err != nil {
-			return 0, err
+			return err
 		}
-		n += last - first
+		if last <= first {
+			continue
+		}
+		err = func() error {
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 500 * time.Millisecond})
+			defer r.Close()
+			if err := r.SetOffset(first); err != nil {
+				return err
+			}
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			for {
+				m, err := r.ReadMessage(rctx)
+				if err != nil {
+					return fmt.Errorf("read %s/%d to offset %d: %w", topic, p, last, err)
+				}
+				var src, run string
+				for _, h := range m.Headers {
+					switch h.Key {
+					case headerSource:
+						src = string(h.Value)
+					case headerRun:
+						run = string(h.Value)
+					}
+				}
+				f(src, run)
+				if m.Offset >= last-1 {
+					return nil
+				}
+			}
+		}()
+		if err != nil {
+			return err
+		}
 	}
-	return n, nil
+	return nil
+}
+
+// readStream calls f with the source and run headers of every message in
+// the stream.
+func readStream(ctx context.Context, js jetstream.JetStream, stream string, f func(src, run string)) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return err
+	}
+	for n := uint64(0); n < info.State.Msgs; {
+		batch, err := c.FetchNoWait(500)
+		if err != nil {
+			return err
+		}
+		got := 0
+		for m := range batch.Messages() {
+			f(m.Headers().Get(headerSource), m.Headers().Get(headerRun))
+			got++
+		}
+		if err := batch.Error(); err != nil {
+			return err
+		}
+		if got == 0 {
+			if err := consumer.Sleep(ctx, 50*time.Millisecond); err != nil {
+				return err
+			}
+		}
+		n += uint64(got)
+	}
+	return nil
 }
 
 // verdictHops checks B's effects of each pipeline: one per unique source
@@ -570,10 +650,22 @@ func verdictHops(ctx context.Context, sum *summary, pool *pgxpool.Pool, h *hops)
 				sum.problem("%s: %d × %s at B, e.g. %s", pipe, len(ids), what, strings.Join(ids[:min(5, len(ids))], " "))
 			}
 		}
+		var leaked []string
+		for src, runs := range h.runs[pipe] {
+			if len(runs) > 1 {
+				leaked = append(leaked, src)
+			}
+		}
+		sort.Strings(leaked)
+		sum.hopLeaked[pipe] = len(leaked)
+		report("source event's messages came from more than one run of A (a rolled-back run's message was published)", leaked)
 		report("source event lost", lost)
 		report("source event doubled", doubled)
 		report("source event reached B as more than one message ID", multiMsg)
 		report("effect of an event never produced", stray)
+	}
+	if h.readErr != nil {
+		sum.problem("reading the hops' messages: %v", h.readErr)
 	}
 	if h.statsErr != nil {
 		sum.problem("outbox stats: %v", h.statsErr)
