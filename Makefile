@@ -29,6 +29,10 @@ lint:
 	$(GO) vet ./...
 	$(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
+# bench: every benchmark, each sizing its own work and measuring its baseline
+# interleaved with it in the same run; prints the ratios (about 10 minutes).
+# JUSTONCE_BENCH_SMALL=1: a few short rounds of each (CI); JUSTONCE_BENCH_SCALE=1:
+# the 10-million-row sizes and the simulated retention week. See scripts/bench.sh.
 bench: services-up
 	bash scripts/bench.sh
 

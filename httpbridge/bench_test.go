@@ -5,6 +5,8 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"os"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -54,16 +56,28 @@ func (w *statusWriter) Write(b []byte) (int, error) {
 	return len(b), nil
 }
 
-// compare runs base and subject alternately in rounds of perRound
-// operations on workers goroutines, in one process, and reports both
-// throughputs and their ratio (subject/base), as the inbox benchmarks do.
-// Each benchmark sizes its own rounds: -benchtime 1x still measures.
-func compare(b *testing.B, workers, perRound int, base, subject func(i int) error) {
+// benchSmall is set by JUSTONCE_BENCH_SMALL=1: every benchmark does a few
+// short rounds, so that CI runs them (numbers not meant to be read).
+var benchSmall = os.Getenv("JUSTONCE_BENCH_SMALL") == "1"
+
+// sized returns full, or small under JUSTONCE_BENCH_SMALL=1.
+func sized(full, small int) int {
+	if benchSmall {
+		return small
+	}
+	return full
+}
+
+// compare measures base and subject side by side, as the inbox
+// benchmarks do: a fixed number of rounds (not b.N), each running
+// perRound operations of both on workers goroutines, alternating which
+// goes first, so that a machine whose load changes during the run slows
+// both alike. f(i) gets a number unique within the benchmark. It reports
+// both throughputs and the median over rounds of subject/base.
+func compare(b *testing.B, workers, rounds, perRound int, base, subject func(i int) error) {
 	b.Helper()
-	rounds := max(b.N/perRound, 3)
-	var baseRate, subjRate float64
 	seq := 0
-	measure := func(f func(i int) error) float64 {
+	measure := func(f func(i int) error) time.Duration {
 		var next atomic.Int64
 		var failed atomic.Pointer[error]
 		var wg sync.WaitGroup
@@ -90,19 +104,36 @@ func compare(b *testing.B, workers, perRound int, base, subject func(i int) erro
 		if e := failed.Load(); e != nil {
 			b.Fatal(*e)
 		}
-		return float64(perRound) / time.Since(start).Seconds()
+		return time.Since(start)
 	}
+	var baseTook, subjTook time.Duration
+	var ratios []float64
 	b.ResetTimer()
-	for r := 0; r < rounds; r++ {
-		baseRate += measure(base)
-		subjRate += measure(subject)
+	for n := 0; n < b.N; n++ {
+		baseTook, subjTook, ratios = 0, 0, ratios[:0]
+		for r := 0; r < rounds; r++ {
+			var tb, ts time.Duration
+			if r%2 == 0 {
+				tb, ts = measure(base), measure(subject)
+			} else {
+				ts, tb = measure(subject), measure(base)
+			}
+			baseTook += tb
+			subjTook += ts
+			ratios = append(ratios, float64(tb)/float64(ts))
+		}
 	}
 	b.StopTimer()
-	baseRate /= float64(rounds)
-	subjRate /= float64(rounds)
+	sort.Float64s(ratios)
+	ratio := ratios[len(ratios)/2]
+	if len(ratios)%2 == 0 {
+		ratio = (ratios[len(ratios)/2-1] + ratio) / 2
+	}
+	baseRate := float64(rounds*perRound) / baseTook.Seconds()
+	subjRate := float64(rounds*perRound) / subjTook.Seconds()
 	b.ReportMetric(baseRate, "base-ops/s")
 	b.ReportMetric(subjRate, "ops/s")
-	b.ReportMetric(subjRate/baseRate, "ratio")
+	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(1e9/subjRate, "ns/op")
 }
 
@@ -135,7 +166,7 @@ func BenchmarkReplay(b *testing.B) {
 			require.NoError(b, expect(http.StatusCreated, hr, "r"))
 			require.NoError(b, expect(http.StatusCreated, hp, "p"))
 			hits := withRedis.Counters().CacheHits
-			compare(b, workers, 2000,
+			compare(b, workers, sized(10, 2), sized(400, 20),
 				func(int) error { return expect(http.StatusCreated, hp, "p") },
 				func(int) error { return expect(http.StatusCreated, hr, "r") })
 			require.Greater(b, withRedis.Counters().CacheHits-hits, uint64(0), "replays came from Redis")
@@ -184,7 +215,7 @@ func BenchmarkFirstRequest(b *testing.B) {
 				require.NoError(b, expect(http.StatusCreated, bridged, fmt.Sprint("warm-", i)))
 				require.NoError(b, expect(http.StatusCreated, bare, ""))
 			}
-			compare(b, workers, 1000,
+			compare(b, workers, sized(10, 2), sized(300, 20),
 				func(int) error { return expect(http.StatusCreated, bare, "") },
 				func(i int) error { return expect(http.StatusCreated, bridged, fmt.Sprint("k-", i)) })
 		})
