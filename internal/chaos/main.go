@@ -53,11 +53,13 @@
 // The verdict: every event that must run has exactly one effect and a done
 // ledger row (0 lost, 0 doubled), every permanent hostile event that was
 // not released has no effect, a failed ledger row and a dead letter, every
-// HTTP key ran once and all its clients got the same response, and every
-// fault asked for was injected. It prints a summary with the count of each
+// HTTP key ran once and all its clients got the same response, every
+// source event of a two-hop pipeline has exactly one effect at B (and the
+// hop carries no message of a rolled-back run of A; the outbox is empty at
+// the end), and every fault asked for was injected. It prints a summary with the count of each
 // fault and exits 1 on any violation.
 //
-//	go run ./internal/chaos     # the full run: 100,000 Kafka + 100,000 NATS events
+//	go run ./internal/chaos     # the full run: 100,000 Kafka + 100,000 NATS events, two-hop pipelines
 //	make chaos-short            # the shorter run CI does
 //
 // Services come from the environment or .services.env (make services-up):
