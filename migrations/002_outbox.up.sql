@@ -31,16 +31,23 @@ CREATE INDEX IF NOT EXISTS outbox_pending_idx ON outbox (lane, seq) WHERE status
 -- Failed messages, for stats, retry and purge.
 CREATE INDEX IF NOT EXISTS outbox_failed_idx ON outbox (id) WHERE status = 'failed';
 
--- Wake the relays when a transaction that added messages commits (NOTIFY
--- is delivered at commit, never for a rollback). One notification per
--- statement; the channel is per schema.
+-- Wake the relays when a transaction that added messages commits. NOTIFY
+-- is delivered at commit, never for a rollback, but it serialises the
+-- commits that send one on a global lock held through the commit's flush
+-- to disk. So the trigger runs at commit (deferred) and only one
+-- committing transaction of the schema at a time notifies (a try-lock);
+-- the others commit side by side, and a relay woken by the one looks again
+-- after each round that published anything. The channel is per schema.
 CREATE OR REPLACE FUNCTION outbox_notify() RETURNS trigger LANGUAGE plpgsql AS $fn$
 BEGIN
-    PERFORM pg_notify(left('justonce_outbox.' || TG_TABLE_SCHEMA, 63), '');
+    IF pg_try_advisory_xact_lock(hashtextextended('justonce.outbox.notify:' || TG_TABLE_SCHEMA, 0)) THEN
+        PERFORM pg_notify(left('justonce_outbox.' || TG_TABLE_SCHEMA, 63), '');
+    END IF;
     RETURN NULL;
 END
 $fn$;
 
 DROP TRIGGER IF EXISTS outbox_notify ON outbox;
-CREATE TRIGGER outbox_notify AFTER INSERT ON outbox
-    FOR EACH STATEMENT EXECUTE FUNCTION outbox_notify();
+CREATE CONSTRAINT TRIGGER outbox_notify AFTER INSERT ON outbox
+    DEFERRABLE INITIALLY DEFERRED
+    FOR EACH ROW EXECUTE FUNCTION outbox_notify();

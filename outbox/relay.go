@@ -167,11 +167,11 @@ func (r *Relay) Run(ctx context.Context) error {
 		if ctx.Err() != nil {
 			return nil
 		}
-		busy, next, err := r.round(ctx)
+		worked, next, err := r.round(ctx)
 		if err != nil && ctx.Err() == nil {
 			r.log.Warn("justonce/outbox: relay round failed", "err", err)
 		}
-		if busy {
+		if worked {
 			continue
 		}
 		wait := r.cfg.PollInterval
@@ -245,10 +245,11 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 }
 
 // round publishes every lane that has pending messages and is not backing
-// off, Concurrency lanes at a time. busy says a lane had more than one
-// batch's worth (look again at once); next is when the earliest backing
-// off lane may be tried again.
-func (r *Relay) round(ctx context.Context) (busy bool, next time.Time, err error) {
+// off, Concurrency lanes at a time. worked says it took any message: look
+// again at once, for what committed meanwhile without a notification of
+// its own (the trigger lets one committing transaction at a time
+// notify). next is when the earliest backing off lane may be tried again.
+func (r *Relay) round(ctx context.Context) (worked bool, next time.Time, err error) {
 	lanes, err := r.pendingLanes(ctx)
 	if err != nil {
 		return false, time.Time{}, err
@@ -274,7 +275,7 @@ func (r *Relay) round(ctx context.Context) (busy bool, next time.Time, err error
 		sem     = make(chan struct{}, r.cfg.Concurrency)
 		mu      sync.Mutex
 		firstEr error
-		anyMore bool
+		anyWork bool
 	)
 	for _, lane := range todo {
 		if ctx.Err() != nil {
@@ -284,14 +285,14 @@ func (r *Relay) round(ctx context.Context) (busy bool, next time.Time, err error
 		wg.Add(1)
 		go func(lane int) {
 			defer func() { <-sem; wg.Done() }()
-			more, err := r.drainLane(ctx, lane)
+			w, err := r.drainLane(ctx, lane)
 			mu.Lock()
 			defer mu.Unlock()
 			if err != nil && firstEr == nil {
 				firstEr = err
 			}
-			if more {
-				anyMore = true
+			if w {
+				anyWork = true
 			}
 		}(lane)
 	}
@@ -303,7 +304,7 @@ func (r *Relay) round(ctx context.Context) (busy bool, next time.Time, err error
 		}
 	}
 	r.mu.Unlock()
-	return anyMore, next, firstEr
+	return anyWork, next, firstEr
 }
 
 // pendingLanes lists the lanes with pending messages (a loose index scan
@@ -323,16 +324,18 @@ func (r *Relay) pendingLanes(ctx context.Context) ([]int, error) {
 }
 
 // drainLane publishes a lane's batches until it is empty, another relay
-// holds it, or its broker fails. more says it stopped with a full batch
-// left to look at (only when ctx ended).
-func (r *Relay) drainLane(ctx context.Context, lane int) (more bool, err error) {
+// holds it, its broker fails or ctx ends. worked says it took any message.
+func (r *Relay) drainLane(ctx context.Context, lane int) (worked bool, err error) {
 	for ctx.Err() == nil {
 		n, full, err := r.batch(ctx, lane)
-		if err != nil || !full || n == 0 {
-			return false, err
+		if n > 0 {
+			worked = true
+		}
+		if err != nil || !full {
+			return worked, err
 		}
 	}
-	return true, nil
+	return worked, nil
 }
 
 func (r *Relay) lockKey(lane int) string {
