@@ -166,7 +166,7 @@ func BenchmarkReplay(b *testing.B) {
 			require.NoError(b, expect(http.StatusCreated, hr, "r"))
 			require.NoError(b, expect(http.StatusCreated, hp, "p"))
 			hits := withRedis.Counters().CacheHits
-			compare(b, workers, sized(10, 2), sized(400, 20),
+			compare(b, workers, sized(40, 2), sized(50*workers, 10),
 				func(int) error { return expect(http.StatusCreated, hp, "p") },
 				func(int) error { return expect(http.StatusCreated, hr, "r") })
 			require.Greater(b, withRedis.Counters().CacheHits-hits, uint64(0), "replays came from Redis")
@@ -215,7 +215,7 @@ func BenchmarkFirstRequest(b *testing.B) {
 				require.NoError(b, expect(http.StatusCreated, bridged, fmt.Sprint("warm-", i)))
 				require.NoError(b, expect(http.StatusCreated, bare, ""))
 			}
-			compare(b, workers, sized(10, 2), sized(300, 20),
+			compare(b, workers, sized(40, 2), sized(25*workers, 10),
 				func(int) error { return expect(http.StatusCreated, bare, "") },
 				func(i int) error { return expect(http.StatusCreated, bridged, fmt.Sprint("k-", i)) })
 		})

@@ -115,11 +115,11 @@ func speedRatio(a, b []time.Duration) float64 {
 }
 
 // compare runs total operations each of base and subject, interleaved in
-// 10 rounds (2 small rounds of 20 under JUSTONCE_BENCH_SMALL), and reports
+// 40 rounds (2 small rounds of 20 under JUSTONCE_BENCH_SMALL), and reports
 // both throughputs and their ratio (subject/base).
 func compare(b *testing.B, workers, total int, base, subject func(round, i int) error) {
 	b.Helper()
-	rounds := sized(10, 2)
+	rounds := sized(40, 2)
 	compareFloor(b, workers, rounds, sized(max(total/rounds, 1), 20), base, nil, subject)
 }
 
@@ -184,7 +184,7 @@ func BenchmarkLedgerVsBare(b *testing.B) {
 				return err
 			}
 			b.ResetTimer()
-			compareFloor(b, conns, sized(10, 2), sized(300, 20),
+			compareFloor(b, conns, sized(40, 2), sized(25*conns, 10),
 				func(r, i int) error {
 					return pgx.BeginFunc(ctx, pg.Pool, func(tx pgx.Tx) error {
 						_, err := tx.Exec(ctx, `INSERT INTO bare_payments (id, amount) VALUES ($1, 100)`, strconv.Itoa(r)+"-"+strconv.Itoa(i))
@@ -262,7 +262,7 @@ func BenchmarkBatchVsPerEvent(b *testing.B) {
 		}
 		return nil
 	}
-	rounds, perRound := sized(8, 2), sized(16, 8)
+	rounds, perRound := sized(20, 2), 8
 	var took [][]time.Duration
 	b.ResetTimer()
 	for n := 0; n < b.N; n++ {

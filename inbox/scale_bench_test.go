@@ -81,15 +81,17 @@ func bulkLoad(b *testing.B, pg *testsvc.PG, n int, expired bool) {
 }
 
 // BenchmarkLedgerAtScale: per-event Do throughput and latency on an empty
-// ledger and on one holding JUSTONCE_BENCH_ROWS rows (default 10 million).
-// Insert cost must stay flat: ratio close to 1.
+// ledger and on one holding JUSTONCE_BENCH_ROWS rows (10 million with
+// JUSTONCE_BENCH_SCALE=1 through scripts/bench.sh; 1 million by default).
+// Insert cost must stay flat: ratio close to 1. 5,000 calls each (200
+// under JUSTONCE_BENCH_SMALL=1), whatever b.N.
 func BenchmarkLedgerAtScale(b *testing.B) {
-	rows := envInt("JUSTONCE_BENCH_ROWS", 10_000_000)
+	rows := envInt("JUSTONCE_BENCH_ROWS", sized(1_000_000, 20_000))
 	pg := testsvc.Postgres(b, testsvc.MaxConns(8))
 	pg.Exec(b, `CREATE TABLE payments (id text PRIMARY KEY, amount int NOT NULL)`)
 	l, err := inbox.New(pg.Pool, inbox.Config{})
 	require.NoError(b, err)
-	n := max(b.N, 5000)
+	n := sized(5000, 200)
 	b.ResetTimer()
 	emptyRate, emptyLat := latencies(b, l, "empty-", 8, n)
 	b.StopTimer()
@@ -106,16 +108,18 @@ func BenchmarkLedgerAtScale(b *testing.B) {
 }
 
 // BenchmarkJanitorUnderLoad: p99 latency of Do while the janitor deletes
-// JUSTONCE_BENCH_EXPIRED expired rows (default 1 million), against the same
-// load without a purge.
+// JUSTONCE_BENCH_EXPIRED expired rows (1 million with JUSTONCE_BENCH_SCALE=1
+// through scripts/bench.sh; 200,000 by default), against the same load
+// without a purge: 5,000 calls each (200 under JUSTONCE_BENCH_SMALL=1),
+// whatever b.N.
 func BenchmarkJanitorUnderLoad(b *testing.B) {
-	expired := envInt("JUSTONCE_BENCH_EXPIRED", 1_000_000)
+	expired := envInt("JUSTONCE_BENCH_EXPIRED", sized(200_000, 20_000))
 	pg := testsvc.Postgres(b, testsvc.MaxConns(9))
 	pg.Exec(b, `CREATE TABLE payments (id text PRIMARY KEY, amount int NOT NULL)`)
 	l, err := inbox.New(pg.Pool, inbox.Config{})
 	require.NoError(b, err)
 	bulkLoad(b, pg, expired, true)
-	n := max(b.N, 5000)
+	n := sized(5000, 200)
 	b.ResetTimer()
 	quietRate, quiet := latencies(b, l, "quiet-", 4, n)
 
