@@ -28,8 +28,13 @@ const (
 
 // Defaults of Config.
 const (
-	// DefaultBatchLinger is Config.BatchLinger's default.
-	DefaultBatchLinger = 10 * time.Millisecond
+	// DefaultBatchSize is Config.BatchSize's default: up to 50 messages of
+	// a partition that are waiting run in one transaction. It keeps a
+	// batch's savepoints (one per message) within the 64 subtransactions
+	// Postgres tracks per transaction without overflowing to disk.
+	DefaultBatchSize = 50
+	// DefaultBatchMaxTime is Config.BatchMaxTime's default.
+	DefaultBatchMaxTime = 50 * time.Millisecond
 	// DefaultCommitInterval is Config.CommitInterval's default.
 	DefaultCommitInterval = time.Second
 	// DefaultShutdownTimeout is Config.ShutdownTimeout's default.
@@ -102,13 +107,27 @@ type Config struct {
 	// dead-lettered. Default 1000.
 	MaxBuffered int
 
-	// BatchSize > 0 turns on batch mode: up to BatchSize fetched messages
-	// of one partition are claimed in one statement and the new ones run
-	// in one transaction (consumer.Processor.ProcessBatch). Default 0: one
-	// message, one transaction.
+	// BatchSize is how many messages of one partition (one lane) may run
+	// in one transaction. When several polled messages of a partition are
+	// waiting, up to BatchSize of them run in one transaction, each
+	// message's claim and handler in its own savepoint
+	// (consumer.Processor.ProcessRun), and commit together; a message whose
+	// handler fails is rolled back alone, the ones before it commit, and
+	// it is retried in place (or dead-lettered) before the ones behind it
+	// run, as in per-message mode. A message that is alone in its lane
+	// runs at once in a transaction of its own: batches form under load
+	// only, and add no latency when the consumer keeps up. Default
+	// DefaultBatchSize (50); 1 turns batching off (one message, one
+	// transaction).
 	BatchSize int
+	// BatchMaxTime bounds a batch in time: once its transaction has been
+	// running this long it starts no further message and commits what
+	// ran (the rest runs in the next batch). Default DefaultBatchMaxTime
+	// (50 ms).
+	BatchMaxTime time.Duration
 	// BatchLinger is how long a batch waits for more messages once it has
-	// its first one. Default 10 ms.
+	// its first one. Default 0: a batch is what is already polled, and
+	// never waits.
 	BatchLinger time.Duration
 
 	// CommitInterval is how often processed offsets are committed to Kafka.
@@ -160,7 +179,7 @@ func (c Config) Validate() error {
 		return bad("BatchSize is negative")
 	case c.MaxBuffered < 0:
 		return bad("MaxBuffered is negative")
-	case c.BatchLinger < 0, c.CommitInterval < 0, c.ShutdownTimeout < 0:
+	case c.BatchLinger < 0, c.BatchMaxTime < 0, c.CommitInterval < 0, c.ShutdownTimeout < 0:
 		return bad("negative duration")
 	case c.Processor.DeadLetter == nil && c.DeadLetterTopic != "" && slices.Contains(c.Topics, c.DeadLetterTopic):
 		return bad("DeadLetterTopic %q is a consumed topic", c.DeadLetterTopic)
@@ -210,8 +229,11 @@ func (c Config) withDefaults() Config {
 	if c.MaxBuffered == 0 {
 		c.MaxBuffered = DefaultMaxBuffered
 	}
-	if c.BatchLinger == 0 {
-		c.BatchLinger = DefaultBatchLinger
+	if c.BatchSize == 0 {
+		c.BatchSize = DefaultBatchSize
+	}
+	if c.BatchMaxTime == 0 {
+		c.BatchMaxTime = DefaultBatchMaxTime
 	}
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval

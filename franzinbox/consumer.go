@@ -393,7 +393,9 @@ func (s *session) next(p *part, l *lane, n int) []*consumer.Message {
 }
 
 // drain runs l's messages in order until it is empty, the consumer stops or
-// the partition is revoked.
+// the partition is revoked: one at a time with BatchSize 1; otherwise what
+// is waiting in the lane, up to BatchSize, as one batch (a lone message
+// runs at once).
 func (s *session) drain(p *part, l *lane) {
 	defer s.lanesWG.Done()
 	defer p.wg.Done()
@@ -403,11 +405,14 @@ func (s *session) drain(p *part, l *lane) {
 		if msgs == nil {
 			return
 		}
-		if s.c.cfg.BatchSize > 0 {
-			s.handleBatch(p, s.linger(p, l, msgs, size))
-		} else {
+		if size == 1 {
 			s.handle(p, msgs[0])
+			continue
 		}
+		if s.c.cfg.BatchLinger > 0 {
+			msgs = s.linger(p, l, msgs, size)
+		}
+		s.handleBatch(p, msgs)
 	}
 }
 
@@ -486,14 +491,24 @@ func (s *session) handle(p *part, m *consumer.Message) {
 	})
 }
 
-// handleBatch runs a batch in one transaction, then retries, in order, the
-// messages that need it; their offsets (and every later one of their
-// partition) stay uncommitted until they are done.
-func (s *session) handleBatch(p *part, batch []*consumer.Message) {
+// handleBatch runs a lane's batch in order: runs of messages in shared
+// transactions (consumer.Processor.ProcessRun), each run's decisions
+// settled, and a message to retry retried in place, before the messages
+// behind it run. Offsets not done (and every later one of their partition)
+// stay uncommitted. A revoke or a stop ends the batch after the run in
+// progress.
+func (s *session) handleBatch(p *part, events []*consumer.Message) {
 	s.inSlot(p, func(wait func(context.Context, time.Duration) error) {
-		ds := s.c.proc.ProcessBatch(p.ctx, batch)
-		for i, m := range batch {
-			s.settle(m, s.c.proc.Retry(p.ctx, m, ds[i], wait))
+		for len(events) > 0 && p.stopping.Err() == nil {
+			ds := s.c.proc.ProcessRun(p.ctx, events, consumer.RunLimits{MaxTime: s.c.cfg.BatchMaxTime, Stop: p.stopping.Done()})
+			for i, d := range ds {
+				d = s.c.proc.Retry(p.ctx, events[i], d, wait)
+				s.settle(events[i], d)
+				if d.Action != consumer.Ack {
+					return // stopped: this one and the rest stay pending
+				}
+			}
+			events = events[len(ds):]
 		}
 	})
 }

@@ -50,10 +50,12 @@
 //     messages behind it go on. A record without an event ID is
 //     dead-lettered at once, or with Processor.AllowNoID run in a plain
 //     transaction, without dedupe. It is never skipped.
-//   - Batch mode (Config.BatchSize) claims up to BatchSize polled messages
-//     of one partition in one statement and runs the new ones in one
-//     transaction; a failing message is isolated and retried on its own,
-//     the others are kept.
+//   - Batches form under load: the messages of a partition already
+//     waiting, up to Config.BatchSize (default 50), run in one transaction,
+//     each message's claim and handler in its own savepoint
+//     (consumer.Processor.ProcessRun); a failing message is rolled back
+//     alone and retried in place before the messages behind it run. A lone
+//     message runs at once. BatchSize 1 runs one message per transaction.
 //   - Rebalances: when partitions are revoked (franz-go's cooperative
 //     rebalancing revokes only those that move), their queued messages are
 //     dropped, the attempts in flight finish (up to half the rebalance
