@@ -53,7 +53,7 @@ type Message struct {
 
 // DefaultLanes is the number of lanes messages are spread over
 // (Config.Lanes).
-const DefaultLanes = 64
+const DefaultLanes = 16
 
 // Config configures an Outbox.
 type Config struct {

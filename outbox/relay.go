@@ -23,7 +23,7 @@ import (
 const (
 	DefaultBatchSize      = 500
 	DefaultPollInterval   = time.Second
-	DefaultConcurrency    = 4
+	DefaultConcurrency    = 8
 	DefaultPublishTimeout = 30 * time.Second
 )
 
