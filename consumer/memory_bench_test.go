@@ -19,8 +19,16 @@ import (
 // BenchmarkMemoryPerInFlight: heap held per message while its handler runs
 // inside the ledger's transaction (1 KiB payload, 3 headers), measured with
 // inFlight messages blocked in their handlers at once, against the heap
-// before they started.
+// before they started. per_event: each message in its own transaction
+// (Process); batch: runs of 10 messages (ProcessRun), each blocked in its
+// last message's handler, the 9 before it done in their savepoints and
+// waiting for the commit.
 func BenchmarkMemoryPerInFlight(b *testing.B) {
+	b.Run("per_event", func(b *testing.B) { memoryPerInFlight(b, 1) })
+	b.Run("batch", func(b *testing.B) { memoryPerInFlight(b, 10) })
+}
+
+func memoryPerInFlight(b *testing.B, batch int) {
 	const inFlight = 40
 	pg := testsvc.Postgres(b, testsvc.MaxConns(inFlight))
 	l, err := inbox.New(pg.Pool, inbox.Config{})
@@ -30,8 +38,11 @@ func BenchmarkMemoryPerInFlight(b *testing.B) {
 	for round := 0; round < max(b.N, 1); round++ {
 		release := make(chan struct{})
 		var entered sync.WaitGroup
-		entered.Add(inFlight)
+		entered.Add(inFlight / batch)
 		p, err := consumer.New(consumer.Config{Ledger: l, Scope: "mem"}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			if m.Partition != 1 {
+				return nil // not its run's last: done; the run goes on
+			}
 			entered.Done()
 			<-release
 			return nil
@@ -51,11 +62,29 @@ func BenchmarkMemoryPerInFlight(b *testing.B) {
 		var before, during runtime.MemStats
 		runtime.ReadMemStats(&before)
 		var done sync.WaitGroup
-		for i := 0; i < inFlight; i++ {
+		for i := 0; i < inFlight; i += batch {
 			done.Add(1)
-			m := &consumer.Message{Topic: "t", Value: append([]byte(nil), payload...), Headers: []consumer.Header{
-				{Key: "ce_id", Value: []byte(fmt.Sprintf("r%d-%d", round, i))}, {Key: "ce_type", Value: []byte("order.paid")}, {Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}}}
-			go func() { defer done.Done(); p.Process(ctx, m) }()
+			var ms []*consumer.Message
+			for j := i; j < i+batch; j++ {
+				last := 0
+				if j == i+batch-1 {
+					last = 1
+				}
+				ms = append(ms, &consumer.Message{Topic: "t", Partition: last, Value: append([]byte(nil), payload...), Headers: []consumer.Header{
+					{Key: "ce_id", Value: []byte(fmt.Sprintf("r%d-%d-%d", batch, round, j))}, {Key: "ce_type", Value: []byte("order.paid")}, {Key: "traceparent", Value: []byte("00-0af7651916cd43dd8448eb211c80319c-b7ad6b7169203331-01")}}})
+			}
+			go func() {
+				defer done.Done()
+				if batch == 1 {
+					p.Process(ctx, ms[0])
+					return
+				}
+				for _, d := range p.ProcessRun(ctx, ms, consumer.RunLimits{}) {
+					if d.Action != consumer.Ack {
+						b.Errorf("%v: %v", d.Action, d.Err)
+					}
+				}
+			}()
 		}
 		entered.Wait()
 		runtime.GC()

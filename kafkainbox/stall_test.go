@@ -61,12 +61,23 @@ func TestRetryingMessageDoesNotStallOtherPartitions(t *testing.T) {
 		bRan          int
 		poisonAtBDone = -1 // poison runs when the last b ran
 		deadAt        time.Time
-		aFirstAt      time.Time
+		aFirstAt      time.Time // when a-0's effect committed
 	)
 	pc := fx.processor()
 	pc.MaxAttempts = maxAttempts
 	// Each wait 0.75-1.5 s: the poison's retry budget is 3.75-7.5 s.
 	pc.Backoff = consumer.Backoff{Initial: 1500 * time.Millisecond, Max: 1500 * time.Millisecond}
+	// When a-0's effect committed: a batch that failed at COMMIT may have
+	// called its handler before, and rolled it back.
+	onOutcome := pc.Hooks.OnOutcome
+	pc.Hooks.OnOutcome = func(m *consumer.Message, out inbox.Outcome, took time.Duration) {
+		onOutcome(m, out, took)
+		if m.ID == "a-0" && out.Disposition == inbox.Executed {
+			mu.Lock()
+			aFirstAt = time.Now()
+			mu.Unlock()
+		}
+	}
 	pc.Hooks.OnDeadLetter = func(m *consumer.Message, _ error) {
 		mu.Lock()
 		defer mu.Unlock()
@@ -82,8 +93,6 @@ func TestRetryingMessageDoesNotStallOtherPartitions(t *testing.T) {
 				// Returns nil; COMMIT fails with 23505.
 				_, err := tx.Exec(ctx, `INSERT INTO strict VALUES (1), (1)`)
 				return err
-			case m.ID == "a-0" && aFirstAt.IsZero():
-				aFirstAt = time.Now()
 			case m.Partition == 1:
 				bRan++
 				if bRan == other {

@@ -317,3 +317,103 @@ func TestAttemptTableBounded(t *testing.T) {
 	_, ok = tb.get(other)
 	require.False(t, ok)
 }
+
+// Hostile handlers mixed into busy batches with the default config: 150
+// messages waiting on one subject, four kinds of hostile handler among
+// them (an error after a write, a panic after a write, nil returned after
+// a swallowed SQL error, a deferred constraint failing at COMMIT). Each is
+// rolled back alone, retried in place and dead-lettered after
+// MaxAttempts; every good message runs exactly once, in stream order; and
+// the hostile messages ran inside shared transactions with good messages
+// that committed there (the batches were real).
+func TestDefaultBatchesIsolateHostileHandlers(t *testing.T) {
+	t.Parallel()
+	e, fx := newEnv(t), newFixture(t)
+	subject := testsvc.Unique("busy")
+	stream := e.stream(t, subject, 0)
+	fx.pg.Exec(t, `CREATE TABLE strict (id int, CONSTRAINT strict_once UNIQUE (id) DEFERRABLE INITIALLY DEFERRED)`)
+	// Which transaction each effect committed in.
+	fx.pg.Exec(t, `ALTER TABLE effects ADD COLUMN xid bigint DEFAULT txid_current()`)
+	const n = 150
+	hostile := map[int]string{15: "h-error", 45: "h-panic", 75: "h-swallow", 110: "h-deferred"}
+	var goodIDs []string
+	for i := 0; i < n; i++ {
+		id, bad := hostile[i]
+		if !bad {
+			id = "ok-" + strconv.Itoa(i)
+			goodIDs = append(goodIDs, id)
+		}
+		e.publish(t, subject, id, []byte(id))
+	}
+	var mu sync.Mutex
+	runs := map[string][]int64{} // event ID -> the transaction of each run
+	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "busy", Processor: fx.processor(subject)},
+		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			var xid int64
+			if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&xid); err != nil {
+				return err
+			}
+			mu.Lock()
+			runs[m.ID] = append(runs[m.ID], xid)
+			mu.Unlock()
+			if err := fx.insert(ctx, tx, m); err != nil {
+				return err
+			}
+			switch m.ID {
+			case "h-error":
+				return errors.New("bad payload")
+			case "h-panic":
+				panic("handler bug")
+			case "h-swallow":
+				_, _ = tx.Exec(ctx, `SELECT 1/0`) // ignored
+			case "h-deferred":
+				_, err := tx.Exec(ctx, `INSERT INTO strict VALUES (1), (1)`)
+				return err // nil: the check waits for COMMIT
+			}
+			return nil
+		})
+	require.NoError(t, err)
+	stop := run(t, c)
+	testsvc.Eventually(t, 60*time.Second, func() bool {
+		ci := e.consumerInfo(t, stream, "busy")
+		return len(e.deadLetters(t, subject)) == len(hostile) && ci.NumAckPending == 0 && ci.NumPending == 0
+	}, "every hostile message dead-lettered, everything settled")
+	stop()
+
+	require.Equal(t, len(goodIDs), fx.pg.Count(t, `SELECT count(*) FROM effects`), "each good message once, no hostile effect")
+	require.Equal(t, len(goodIDs), fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`))
+	require.Equal(t, len(hostile), fx.pg.Count(t, `SELECT count(*) FROM processed_events WHERE status = 'failed'`))
+	for _, dl := range e.deadLetters(t, subject) {
+		require.Equal(t, "3", dl.Header.Get(consumer.HeaderDLAttempts))
+	}
+	rows, err := fx.pg.Pool.Query(context.Background(), `SELECT event_id FROM effects ORDER BY n`)
+	require.NoError(t, err)
+	order, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Equal(t, goodIDs, order, "stream order kept")
+
+	mu.Lock()
+	defer mu.Unlock()
+	perTx := map[int64]int{}
+	for _, xs := range runs {
+		for _, x := range xs {
+			perTx[x]++
+		}
+	}
+	biggest := 0
+	for _, c := range perTx {
+		biggest = max(biggest, c)
+	}
+	require.Greater(t, biggest, 5, "several messages ran in one transaction")
+	for _, id := range hostile {
+		first := runs[id][0]
+		committed := fx.pg.Count(t, `SELECT count(*) FROM effects WHERE xid = $1`, first)
+		t.Logf("%s: first run shared its transaction with %d others (%d committed there)", id, perTx[first]-1, committed)
+		require.Greater(t, perTx[first], 1, "%s ran in a busy batch", id)
+		if id == "h-deferred" {
+			require.Zero(t, committed, "its batch failed at COMMIT as a whole")
+			continue
+		}
+		require.Positive(t, committed, "%s was rolled back alone: the others of its batch committed", id)
+	}
+}
