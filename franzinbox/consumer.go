@@ -529,12 +529,14 @@ func (s *session) settle(m *consumer.Message, d consumer.Decision) {
 // No new attempt starts for those partitions and their queued messages
 // are dropped; the callback waits for the attempts in flight, up to half
 // the rebalance timeout, then cancels them (rolled back, they come again to
-// the new owner), commits what is done and forgets the partitions. The
-// group hands them to another member only after the callback returns, so
-// two members never run one partition's messages at the same time unless
-// a handler outlives the wait, which the ledger absorbs (the new owner
-// gets InFlight until the old attempt ends, then Duplicate or a fresh
-// claim).
+// the new owner) and waits for them to return, commits what is done and
+// forgets the partitions. The group hands them to another member only
+// after the callback returns, so two members never run one partition's
+// messages at the same time, unless a handler ignores the cancellation
+// past the rebalance timeout: the group then drops this member and moves
+// the partitions while the handler runs, and the ledger absorbs it (the
+// new owner gets InFlight until the old attempt ends, then Duplicate or a
+// fresh claim).
 func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[string][]int32) {
 	return func(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
 		gone := map[topicPartition]bool{}
@@ -595,12 +597,9 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 		for _, p := range ps {
 			p.cancel()
 		}
-		if commit {
-			ctx, cancel := context.WithTimeout(context.Background(), budget/4)
-			s.commit(ctx, cl, gone)
-			cancel()
-		}
-		s.tr.forget(gone)
+		ctx, cancel := context.WithTimeout(context.Background(), budget/4)
+		s.commitAndForget(ctx, cl, gone, commit)
+		cancel()
 	}
 }
 
@@ -618,6 +617,18 @@ func (s *session) commitLoop(ctx context.Context) {
 	}
 }
 
+// commitAndForget commits what is done of the partitions in gone (when
+// commit is set) and forgets them, in one step: no other commit comes in
+// between, so none of the commit loop's can land after it.
+func (s *session) commitAndForget(ctx context.Context, cl *kgo.Client, gone map[topicPartition]bool, commit bool) {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
+	if commit {
+		s.commitLocked(ctx, cl, gone)
+	}
+	s.tr.forget(gone)
+}
+
 // commit commits, for each partition (of only, when not nil), the offset
 // below which everything is done. A failed commit (a broker away, the
 // group rebalancing) is logged and tried again next time: the offsets stay
@@ -625,6 +636,11 @@ func (s *session) commitLoop(ctx context.Context) {
 func (s *session) commit(ctx context.Context, cl *kgo.Client, only map[topicPartition]bool) {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
+	s.commitLocked(ctx, cl, only)
+}
+
+// commitLocked is commit with s.commitMu held.
+func (s *session) commitLocked(ctx context.Context, cl *kgo.Client, only map[topicPartition]bool) {
 	offs := s.tr.committable(only)
 	if len(offs) == 0 {
 		return

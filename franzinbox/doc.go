@@ -63,10 +63,14 @@
 //     is committed before the group hands the partitions on. The client
 //     blocks rebalances from a poll until its records are queued
 //     (kgo.BlockRebalanceOnPoll), so no record of a revoked partition
-//     runs after the revoke. Two members therefore run one partition's
-//     messages at once only when a handler outlives that wait, and then
-//     the ledger answers InFlight, then Duplicate, to the new owner.
-//     Order within a partition holds across rebalances too.
+//     runs after the revoke. Two members therefore never run one
+//     partition's messages at once, and the next owner starts where this
+//     one stopped: a rebalance redelivers nothing (unless that commit
+//     fails, or the partitions were lost rather than revoked; the ledger
+//     skips what comes again). Only a handler that
+//     ignores its context's cancellation past the rebalance timeout gets
+//     this member dropped from the group while it runs; the ledger then
+//     answers InFlight, then Duplicate, to the new owner.
 //   - Run stops as every front does (see the consumer package, "Fronts"):
 //     it stops polling when its context ends, lets in-flight work finish
 //     (up to Config.ShutdownTimeout), commits, leaves the group and returns
