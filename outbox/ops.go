@@ -97,3 +97,46 @@ func (o *Outbox) Purge(ctx context.Context, opts PurgeOptions) (int64, error) {
 	}
 	return tag.RowsAffected(), nil
 }
+
+// FailedMessage is a message the broker refused for good.
+type FailedMessage struct {
+	ID        string
+	Broker    Broker
+	Topic     string
+	Key       []byte
+	Attempts  int
+	Error     string
+	CreatedAt time.Time
+	FailedAt  time.Time
+}
+
+// Failed lists up to limit failed messages, oldest first (all when limit
+// is 0 or less).
+func (o *Outbox) Failed(ctx context.Context, limit int) ([]FailedMessage, error) {
+	q := `SELECT id, broker, topic, key, attempts, coalesce(error, ''), created_at, coalesce(failed_at, created_at)
+FROM ` + o.table + ` WHERE status = 'failed' ORDER BY seq`
+	args := []any{}
+	if limit > 0 {
+		q += ` LIMIT $1`
+		args = append(args, limit)
+	}
+	rows, err := o.pool.Query(ctx, q, args...)
+	if err != nil {
+		return nil, fmt.Errorf("justonce/outbox: failed: %w", err)
+	}
+	defer rows.Close()
+	var out []FailedMessage
+	for rows.Next() {
+		var m FailedMessage
+		var b string
+		if err := rows.Scan(&m.ID, &b, &m.Topic, &m.Key, &m.Attempts, &m.Error, &m.CreatedAt, &m.FailedAt); err != nil {
+			return nil, fmt.Errorf("justonce/outbox: failed: %w", err)
+		}
+		m.Broker = Broker(b)
+		out = append(out, m)
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("justonce/outbox: failed: %w", err)
+	}
+	return out, nil
+}

@@ -86,6 +86,7 @@ exactly-once effects.`,
 		subs: []*command{
 			migrateCommand(),
 			ledgerCommand(),
+			outboxCommand(),
 			replayCommand(),
 		},
 	}

@@ -1,6 +1,8 @@
 // Command justonce operates a justonce ledger: it migrates the schema,
 // inspects the processed_events table, frees stuck keys, purges expired
-// rows and dry-runs replays of a Kafka topic or a JetStream stream.
+// rows, inspects the transactional outbox (retrying or purging the
+// messages a broker refused) and dry-runs replays of a Kafka topic or a
+// JetStream stream.
 //
 //	go install github.com/justonce/justonce/cmd/justonce@latest
 //
@@ -8,7 +10,7 @@
 //
 //	justonce migrate up [--to N] [--json]     apply pending migrations
 //	justonce migrate down --yes [--to N] [--json]
-//	                                          revert migrations (version 1 drops the table)
+//	                                          revert migrations (version 1 drops the ledger, 2 the outbox)
 //	justonce migrate status [--json]          schema version and pending migrations
 //	justonce ledger stats [--json]            live rows by scope and status, oldest in-flight lease
 //	justonce ledger show <scope> <id> [--tenant T] [--reveal] [--json]
@@ -19,6 +21,13 @@
 //	                                          free a stuck (processing) or failed key
 //	justonce ledger purge --expired [--batch N] [--pause D] [--json]
 //	                                          delete expired rows in batches
+//	justonce outbox stats [--json]            pending and failed outbox messages, oldest pending age
+//	justonce outbox failed [--limit N] [--json]
+//	                                          the failed messages with their errors, oldest first
+//	justonce outbox retry (<id>... | --all) [--json]
+//	                                          put failed messages back in the queue
+//	justonce outbox purge --failed [--older-than D] [<id>...] [--json]
+//	                                          delete failed messages (never pending ones)
 //	justonce replay kafka --brokers B --topic T --scope S [--from-offset N]
 //	        [--since D | --from-time T] [--tenant T] [--id-header H,...] [--json]
 //	                                          dry-run a replay of a Kafka topic
@@ -51,7 +60,7 @@
 // Flags win over environment variables:
 //
 //	--database-url   DATABASE_URL           Postgres URL or key=value DSN (required)
-//	--schema         JUSTONCE_SCHEMA        schema of processed_events (default: search_path)
+//	--schema         JUSTONCE_SCHEMA        schema of processed_events and outbox (default: search_path)
 //	--redis-url      REDIS_URL              ledger release: the application's Redis replay cache
 //	--redis-prefix   JUSTONCE_REDIS_PREFIX  ledger release: its key prefix (default "justonce:")
 //	--brokers        KAFKA_BROKERS          replay kafka: comma-separated brokers
@@ -94,9 +103,9 @@
 // success). The objects, with example values:
 //
 //	migrate up, migrate down:
-//	  {"schema": "public", "from": 0, "to": 1, "applied": [1]}
+//	  {"schema": "public", "from": 0, "to": 2, "applied": [1, 2]}
 //	migrate status:
-//	  {"schema": "public", "version": 0, "latest": 1, "pending": [1]}
+//	  {"schema": "public", "version": 0, "latest": 2, "pending": [1, 2]}
 //	ledger stats:
 //	  {"rows": [{"scope": "billing", "status": "processing", "rows": 2,
 //	             "oldest_lease_until": "2026-01-02T15:04:05Z"}],
@@ -116,6 +125,19 @@
 //	   "released": true, "was": "processing", "cache": "not_checked", "error": null}
 //	ledger purge:
 //	  {"deleted": 3, "busy": false}
+//	outbox stats:
+//	  {"pending": 120, "failed": 1, "lanes_pending": 3,
+//	   "oldest_pending_at": "2026-01-02T15:04:05Z", "oldest_pending_age_seconds": 0.8,
+//	   "oldest_failed_at": "2026-01-02T15:04:05Z"}
+//	outbox failed:
+//	  {"messages": [{"id": "0190c2a4-7b1e-8f00-9a3c-5d2e1f0a4b6c", "broker": "kafka",
+//	                 "topic": "orders", "attempts": 1,
+//	                 "error": "[10] Message Size Too Large: ...",
+//	                 "created_at": "2026-01-02T15:04:05Z", "failed_at": "2026-01-02T15:04:06Z"}]}
+//	outbox retry:
+//	  {"retried": 1}
+//	outbox purge:
+//	  {"deleted": 1}
 //	replay kafka, replay nats:
 //	  {"transport": "kafka", "scope": "billing", "dry_run": true,
 //	   "partitions": [{"partition": 0, "first": 0, "last": 9, "seen": 10,
@@ -131,7 +153,10 @@
 // not_checked (no --redis-url), stale (not invalidated: exit 4) or
 // unavailable (Redis did not answer; nothing released). ledger purge: busy
 // is true when another instance holds the janitor lock (deleted counts the
-// rows deleted before). replay: first and last are offsets (Kafka) or
-// stream sequences (NATS, one partition 0); would_run counts events the
-// ledger has not done.
+// rows deleted before). outbox stats: the oldest_pending fields are null
+// when nothing is pending, oldest_failed_at when nothing failed. outbox
+// failed: message IDs are not masked (they are not secrets, unlike an
+// Idempotency-Key); error is the broker's. replay: first and last are
+// offsets (Kafka) or stream sequences (NATS, one partition 0); would_run
+// counts events the ledger has not done.
 package main
