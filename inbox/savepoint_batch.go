@@ -88,14 +88,15 @@ func (l *Ledger) DoEach(ctx context.Context, reqs []Request, opts EachOptions, f
 		return EachRun{}, fmt.Errorf("justonce/inbox: %w", err)
 	}
 	r := &eachRun{l: l, reqs: reqs, opts: opts, fn: fn, start: time.Now()}
+	// Copies of a key: a scan rather than a map, for batches of tens.
 	r.first = make([]int, len(reqs))
-	seen := make(map[Key]int, len(reqs))
 	for i, q := range reqs {
-		if f, ok := seen[q.Key]; ok {
-			r.first[i] = f
-		} else {
-			seen[q.Key] = i
-			r.first[i] = i
+		r.first[i] = i
+		for j := 0; j < i; j++ {
+			if r.first[j] == j && reqs[j].Key == q.Key {
+				r.first[i] = j
+				break
+			}
 		}
 	}
 	if l.fast != nil {
@@ -159,6 +160,9 @@ func (r *eachRun) run(ctx context.Context) (EachRun, error) {
 	results := make([]Result, len(r.reqs))
 	took := make([]time.Duration, len(r.reqs))
 	executed := make([]bool, len(r.reqs))
+	// The claimed rows' columns; their Records are built after the
+	// commit, so that a run holds little per message while it runs.
+	claims := make([]claimedScan, len(r.reqs))
 	var failed error
 
 	// Answers that need no Postgres claim (copies, Redis) are decided as
@@ -188,8 +192,7 @@ func (r *eachRun) run(ctx context.Context) (EachRun, error) {
 		if f := r.first[i]; f != i {
 			o := outs[f]
 			if o.Disposition == Executed {
-				rec := o.Record
-				o = Outcome{Disposition: Duplicate, Result: o.Result, Record: rec}
+				o = Outcome{Disposition: Duplicate, Result: o.Result}
 			}
 			outs = append(outs, o)
 			continue
@@ -231,7 +234,7 @@ func (r *eachRun) run(ctx context.Context) (EachRun, error) {
 		}
 		pending = pending[:0]
 		b.Queue("SAVEPOINT justonce_each")
-		var c claimedScan
+		c := &claims[i]
 		claimed := false
 		b.Queue(l.store.claimOneSQL, claimOneArgs(req, l.ttl(req), 0, "")...).QueryRow(func(row pgx.Row) error {
 			err := row.Scan(c.dest()...)
@@ -317,13 +320,10 @@ func (r *eachRun) run(ctx context.Context) (EachRun, error) {
 		results[i] = res
 		took[i] = time.Since(start)
 		executed[i] = true
-		rec := c.record(req, 0, "")
-		rec.Result = res
-		outs = append(outs, Outcome{Disposition: Executed, Result: res, Record: rec})
+		outs = append(outs, Outcome{Disposition: Executed, Result: res})
 		pending = append(pending, "RELEASE SAVEPOINT justonce_each")
 	}
 	panicked = false
-	r.outs = outs
 
 	if inTx {
 		commitStart := time.Now()
@@ -345,12 +345,21 @@ func (r *eachRun) run(ctx context.Context) (EachRun, error) {
 		if n := countTrue(executed); n > 0 {
 			share := time.Since(commitStart) / time.Duration(n)
 			for i := range outs {
-				if executed[i] && outs[i].Record != nil {
-					outs[i].Record.Duration = took[i] + share
+				if executed[i] {
+					rec := claims[i].record(r.reqs[i], 0, "")
+					rec.Result, rec.Duration = results[i], took[i]+share
+					outs[i].Record = rec
 				}
 			}
 		}
 	}
+	// Copies of an executed key answer with its record too.
+	for i := range outs {
+		if f := r.first[i]; f != i && outs[i].Record == nil && outs[f].Disposition == Executed {
+			outs[i].Record = outs[f].Record
+		}
+	}
+	r.outs = outs
 	r.committed = true
 	return EachRun{Outcomes: outs, Failed: failed}, nil
 }
