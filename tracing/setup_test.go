@@ -3,7 +3,6 @@ package tracing_test
 import (
 	"context"
 	"os"
-	"sync"
 	"testing"
 	"time"
 
@@ -35,7 +34,6 @@ func TestMain(m *testing.M) {
 type spans struct {
 	exp *tracetest.InMemoryExporter
 	tp  *sdktrace.TracerProvider
-	mu  sync.Mutex
 }
 
 func newSpans(t testing.TB) *spans {
@@ -88,7 +86,7 @@ func requireChild(t testing.TB, parent trace.SpanContext, child tracetest.SpanSt
 func attr(st tracetest.SpanStub, key string) (string, bool) {
 	for _, a := range st.Attributes {
 		if string(a.Key) == key {
-			return a.Value.Emit(), true
+			return a.Value.String(), true
 		}
 	}
 	return "", false
