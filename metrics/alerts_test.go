@@ -59,7 +59,8 @@ func TestAlertRules(t *testing.T) {
 	}
 	// The issue's alerts: stuck leases, conflict rate, Redis fallback, dead letters.
 	for _, n := range []string{"justonce_ledger_oldest_lease_overdue_seconds", "justonce_ledger_calls_total",
-		"justonce_ledger_redis_fallbacks_total", "justonce_consumer_dead_lettered_total"} {
+		"justonce_ledger_redis_fallbacks_total", "justonce_consumer_dead_lettered_total",
+		"justonce_outbox_oldest_pending_age_seconds", "justonce_outbox_pending", "justonce_outbox_failed"} {
 		require.True(t, seen[n], "no alert on %s", n)
 	}
 }
@@ -71,6 +72,7 @@ func exportedNames(t *testing.T) map[string]bool {
 	metrics.NewConsumerCollector(metrics.ConsumerConfig{}).Describe(ch)
 	// Describing needs no ledger.
 	metrics.NewLedgerCollector(nil, metrics.LedgerConfig{}).Describe(ch)
+	metrics.NewOutboxCollector(nil, metrics.OutboxConfig{}).Describe(ch)
 	close(ch)
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
 	names := map[string]bool{}
@@ -79,6 +81,6 @@ func exportedNames(t *testing.T) map[string]bool {
 		require.NotNil(t, m, d.String())
 		names[m[1]] = true
 	}
-	require.Len(t, names, 10)
+	require.Len(t, names, 17)
 	return names
 }
