@@ -25,5 +25,12 @@ func TestMain(m *testing.M) {
 			_ = os.Setenv(name, v)
 		}
 	}
+	// The examples read DATABASE_URL and KAFKA_BROKERS, as a program would.
+	if os.Getenv("DATABASE_URL") == "" {
+		_ = os.Setenv("DATABASE_URL", os.Getenv(testsvc.EnvPostgres))
+	}
+	if os.Getenv("KAFKA_BROKERS") == "" {
+		_ = os.Setenv("KAFKA_BROKERS", os.Getenv(testsvc.EnvKafka))
+	}
 	os.Exit(m.Run())
 }
