@@ -149,7 +149,7 @@ func ExampleHTTP() {
 		w.WriteHeader(http.StatusCreated)
 		io.WriteString(w, `{"order":1}`)
 	})
-	orders := bridge.Route(httpbridge.RouteConfig{Scope: "example-traced-orders", Required: true})
+	orders := bridge.Route(httpbridge.RouteConfig{Scope: "orders", Required: true})
 	mux := http.NewServeMux()
 	mux.Handle("POST /orders", tracing.HTTP(tp)(orders(createOrder)))
 
