@@ -27,12 +27,11 @@ import (
 // holds it twice; the second copy is acknowledged without running the
 // handler.
 //
-// The same program runs on kafka-go (kafkainbox's ExampleNew): only the
-// import and the Config line differ.
+// The same program runs on kafka-go (kafkainbox's ExampleNew) and on NATS
+// (natsinbox's): only the import and the Config line differ.
 func ExampleNew() {
-	ex := setUp()
+	ex := setUp("order-1", "order-2", "order-2") // the events, published; a migrated schema
 	defer ex.tearDown()
-	ex.produce("order-1", "order-2", "order-2") // the events, as the producer sent them
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
 
@@ -49,7 +48,7 @@ func ExampleNew() {
 		Hooks: consumer.Hooks{OnOutcome: func(m *consumer.Message, out inbox.Outcome, _ time.Duration) {
 			fmt.Println(m.ID, out.Disposition)
 			if answered.Add(1) == 3 {
-				stop() // a clean stop: finish, commit, leave
+				stop() // a clean stop: finish, acknowledge, leave
 			}
 		}},
 	}
@@ -83,7 +82,7 @@ func ExampleNew() {
 // committed: the aborted records never reach the handler, so order-1 never
 // runs and order-2 runs once, from its committed copy.
 func ExampleNew_readCommitted() {
-	ex := setUp()
+	ex := setUp() // no events: the transactional producer below writes them
 	defer ex.tearDown()
 	ctx, stop := context.WithCancel(context.Background())
 	defer stop()
@@ -158,9 +157,10 @@ type example struct {
 // setUp finds Kafka and Postgres from the environment
 // (JUSTONCE_TEST_KAFKA_BROKERS, a comma-separated list, and
 // JUSTONCE_TEST_POSTGRES_URL; `make services-up` starts both and the tests
-// read the addresses from .services.env) and creates a one-partition topic
-// and a migrated schema.
-func setUp() example {
+// read the addresses from .services.env), creates a one-partition topic and
+// a migrated schema, and publishes one record per ID to the topic, in
+// order, the ID in the event-id header.
+func setUp(ids ...string) example {
 	ctx := context.Background()
 	pgURL, kafkaAddr := os.Getenv("JUSTONCE_TEST_POSTGRES_URL"), os.Getenv("JUSTONCE_TEST_KAFKA_BROKERS")
 	if pgURL == "" || kafkaAddr == "" {
@@ -190,6 +190,8 @@ func setUp() example {
 			log.Fatal("example: topic has no leader")
 		}
 	}
+
+	ex.produce(ids...)
 
 	cfg, err := pgxpool.ParseConfig(pgURL)
 	if err != nil {
