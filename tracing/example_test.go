@@ -90,7 +90,7 @@ func ExampleSpanContextOf() {
 	run, _ := tracing.SpanContextOf(err)
 	fmt.Println(err, consumer.IsPermanent(err))
 
-	// What the Kafka and NATS fronts publish.
+	// The dead letter's headers, as the fronts build them with DeadLetterHeadersContext.
 	dl := tracing.HeaderCarrier(consumer.DeadLetterHeadersContext(context.Background(), "billing", m, err))
 	fmt.Println("dead letter points at the failed run:", strings.Contains(dl.Get("traceparent"), run.SpanID().String()))
 	// Output:
