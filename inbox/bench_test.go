@@ -18,12 +18,6 @@ import (
 	"github.com/justonce/justonce/internal/testsvc"
 )
 
-// runMeasured runs n operations on workers goroutines and returns ops/s.
-func runMeasured(workers, n int, op func(i int) error) (float64, error) {
-	d, err := runTimed(workers, n, op)
-	return float64(n) / d.Seconds(), err
-}
-
 // runTimed runs n operations on workers goroutines and returns how long
 // they took.
 func runTimed(workers, n int, op func(i int) error) (time.Duration, error) {

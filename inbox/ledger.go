@@ -591,10 +591,14 @@ func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, req Request, fn TxFunc) (O
 		l.observe(req, Outcome{}, err)
 		return Outcome{}, err
 	}
-	if err := l.store.complete(ctx, tx, req.Key, res, time.Since(start)); err != nil {
-		err = storeErr("complete", err)
-		l.observe(req, Outcome{}, err)
-		return Outcome{}, err
+	// An empty result needs no second write: the claimed row is already
+	// done, stamped at claim time.
+	if !res.IsZero() || l.cfg.RecordDuration {
+		if err := l.store.complete(ctx, tx, req.Key, res, time.Since(start)); err != nil {
+			err = storeErr("complete", err)
+			l.observe(req, Outcome{}, err)
+			return Outcome{}, err
+		}
 	}
 	out := Outcome{Disposition: Executed, Result: res}
 	l.observe(req, out, nil)
