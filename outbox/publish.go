@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"time"
 
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
@@ -231,7 +230,3 @@ func publishNATS(ctx context.Context, js jetstream.JetStream, msgs []*pending) {
 func natsErr(p *pending, err error) error {
 	return &PublishError{ID: p.id, Broker: NATS, Topic: p.topic, Permanent: permanentNATS(err), Err: err}
 }
-
-// publishTimeout bounds a batch's publish when RelayConfig.PublishTimeout
-// is not set.
-const defaultPublishTimeout = 30 * time.Second
