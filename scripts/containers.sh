@@ -9,12 +9,20 @@
 # terminates them when it ends.
 #
 # Usage: scripts/containers.sh [packages...]   (default: ./inbox ./httpbridge)
+#        scripts/containers.sh prepare         install, start the engine and build the
+#                                              image only; the engine stays up (CI runs
+#                                              this in the background during lint)
 # Environment: JUSTONCE_CONTAINERS_RUN (a -test.run pattern for the suites run in
 # the containers; default: all of each package's tests), GO (default go).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 GO=${GO:-go}
+PREPARE=
+if [[ ${1:-} == prepare ]]; then
+  PREPARE=1
+  shift
+fi
 PKGS=("$@")
 ((${#PKGS[@]})) || PKGS=(./inbox ./httpbridge)
 SUDO=
@@ -37,7 +45,7 @@ fi
 started_engine=
 cleanup() {
   local rc=$?
-  if [[ -n $started_engine ]]; then
+  if [[ -n $started_engine && ( -z $PREPARE || $rc -ne 0 ) ]]; then
     $SUDO env JUSTONCE_DOCKER_DIR="${JUSTONCE_DOCKER_DIR:-}" bash scripts/dockerd.sh down || true
   fi
   log "done in $((SECONDS - t0))s, exit $rc"
@@ -48,13 +56,17 @@ trap cleanup EXIT
 t1=$SECONDS
 line=$($SUDO bash scripts/dockerd.sh up)
 export "${line?}"
-[[ $line == *"/justonce-docker/"* ]] && started_engine=1
+[[ $line == "DOCKER_HOST=unix://${JUSTONCE_DOCKER_DIR:-/tmp/justonce-docker}/docker.sock" ]] && started_engine=1
 log "engine: $DOCKER_HOST ($((SECONDS - t1))s)"
 
 t1=$SECONDS
 JUSTONCE_TEST_IMAGE=$($SUDO env DOCKER_HOST="$DOCKER_HOST" HOME="$HOME" bash scripts/test-image.sh)
 export JUSTONCE_TEST_IMAGE
 log "image: $JUSTONCE_TEST_IMAGE ($((SECONDS - t1))s)"
+if [[ -n $PREPARE ]]; then
+  log "prepared; the engine stays up for the tests (scripts/dockerd.sh down stops it)"
+  exit 0
+fi
 
 # No reaper container (its image cannot be pulled here): every test
 # terminates its containers itself, and dockerd.sh down sweeps leftovers.

@@ -48,16 +48,42 @@ mirror() {
   echo "${u:-http://deb.debian.org/debian}"
 }
 
+# unmount_under DIR: unmount whatever debootstrap left mounted under DIR
+# (it unmounts /proc on exit, but not when something still held it then).
+unmount_under() {
+  local dir=$1 i m left
+  for ((i = 0; i < 50; i++)); do
+    left=
+    # deepest first
+    while read -r m; do
+      left=1
+      umount "$m" 2>/dev/null || true
+    done < <(awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r)
+    [[ -z $left ]] && return 0
+    sleep 0.2
+  done
+  awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r | xargs -r -n1 umount -l
+  ! awk -v d="$dir/" 'index($2, d) == 1 {found=1} END {exit !found}' /proc/mounts
+}
+
+ROOTFS=
+remove_rootfs() {
+  [[ -n $ROOTFS && -d $ROOTFS ]] || return 0
+  unmount_under "$ROOTFS" && rm -rf --one-file-system "$ROOTFS" "$ROOTFS.log"
+}
+
 build_tar() {
   command -v debootstrap >/dev/null || die "debootstrap not found (apt-get install debootstrap)"
   local root t0=$SECONDS m
   m=$(mirror)
   root=$(mktemp -d /tmp/justonce-image.XXXXXX)
-  trap 'rm -rf "$root"' EXIT
+  ROOTFS=$root
+  trap remove_rootfs EXIT
   log "debootstrap bookworm from $m into $root (about 2 minutes)"
   debootstrap --variant=minbase --include=postgresql-15,redis-server bookworm "$root" "$m" \
     >"$root.log" 2>&1 || { tail -n 30 "$root.log" >&2; die "debootstrap failed (log: $root.log)"; }
   rm -f "$root.log"
+  unmount_under "$root" || die "cannot unmount what debootstrap mounted under $root"
   # No packaged cluster or service state: the entrypoint makes its own.
   rm -rf "$root"/var/lib/postgresql/15/main "$root"/etc/postgresql/15/main \
     "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* "$root"/usr/share/man/*
@@ -104,9 +130,9 @@ exec "$@"
 ENTRY
   chmod 755 "$root/usr/local/bin/justonce-entrypoint"
   mkdir -p "$CACHE/images"
-  tar -C "$root" --numeric-owner -cf "$TAR.tmp" .
+  tar -C "$root" --numeric-owner --one-file-system -cf "$TAR.tmp" .
   mv "$TAR.tmp" "$TAR"
-  rm -rf "$root"
+  remove_rootfs
   trap - EXIT
   log "root filesystem built in $((SECONDS - t0))s: $TAR ($(du -h "$TAR" | cut -f1))"
 }
