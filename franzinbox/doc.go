@@ -4,8 +4,9 @@
 // (rebalances, a crash between the database commit and the offset commit,
 // producer retries, replays). It has the shape of kafkainbox, the
 // segmentio/kafka-go front: the same Config fields, New, Run and
-// guarantees; pick it for franz-go's throughput, its cooperative
-// rebalancing and its read-committed isolation.
+// guarantees; pick it for its read-committed isolation (records of aborted
+// transactions never run), for rebalances that redeliver nothing, or
+// because your services already use franz-go.
 //
 // A Consumer reads Config.Topics as a member of a consumer group. For
 // each message it extracts the event ID (DefaultID: the CloudEvents ce_id
