@@ -292,14 +292,14 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 	switch {
 	case !locked:
 		// Another caller holds the key (or one sharing its lock).
-		rollback(conn)
+		endTx(ctx, conn)
 		return classify(req, claimRow{rec: rec, live: live}), false, nil
 	case rec != nil && takeover(rec, live, leased, req.Fingerprint):
 		// Take over an expired row or a lapsed lease: rare, so through the
 		// claim statement (the lock is ours already) and a completion.
 		return l.takeOver(ctx, conn, req, fn)
 	case rec != nil:
-		rollback(conn)
+		endTx(ctx, conn)
 		return classify(req, claimRow{rec: rec, live: live}), false, nil
 	}
 
@@ -515,6 +515,19 @@ func rollback(conn *pgx.Conn) {
 	defer cancel()
 	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
 		_ = conn.Close(ctx)
+	}
+}
+
+// endTx rolls back a transaction that claimed nothing, in one round trip
+// sent as a batch like the claim's, with ctx's values (tracers see it as the
+// call's own) but not its cancellation.
+func endTx(ctx context.Context, conn *pgx.Conn) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	b := &pgx.Batch{}
+	b.Queue("ROLLBACK")
+	if err := conn.SendBatch(ctx, b).Close(); err != nil {
+		rollback(conn)
 	}
 }
 
