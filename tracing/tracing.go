@@ -4,10 +4,11 @@
 // server span for HTTP routes of the bridge with the bridge's outcome; and
 // a log handler that stamps records with their trace.
 //
-// Spans are started only when a tracer provider is given; trace context is
-// read and written through a propagation.TextMapPropagator, by default the
-// global one (otel.GetTextMapPropagator), which propagates nothing until
-// the application sets one:
+// Middleware and HTTP take the application's tracer provider
+// (otel.GetTracerProvider() for the global one; nil turns them off). Trace
+// context is read and written through a propagation.TextMapPropagator, by
+// default the global one (otel.GetTextMapPropagator), which propagates
+// nothing until the application sets one:
 //
 //	otel.SetTextMapPropagator(propagation.TraceContext{})
 //
