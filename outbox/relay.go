@@ -362,8 +362,11 @@ func (r *Relay) batch(ctx context.Context, lane int) (n int, full bool, err erro
 	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
 	var locked bool
 	// The lock in a statement of its own: the next statement's snapshot
-	// then sees every batch the previous holder committed.
-	if err := tx.QueryRow(bctx, `SELECT pg_try_advisory_xact_lock(hashtextextended($1, 0))`, r.lockKey(lane)).Scan(&locked); err != nil {
+	// then sees every batch the previous holder committed. The batch's
+	// commit does not wait for the WAL flush: a database crash may forget
+	// the last deletions, and the relay publishes those messages again,
+	// the duplicates a relay crash makes too.
+	if err := tx.QueryRow(bctx, `SELECT set_config('synchronous_commit', 'off', true) IS NOT NULL AND pg_try_advisory_xact_lock(hashtextextended($1, 0))`, r.lockKey(lane)).Scan(&locked); err != nil {
 		return 0, false, fmt.Errorf("justonce/outbox: lane lock: %w", err)
 	}
 	if !locked {
