@@ -111,3 +111,37 @@ func TestHTTPOutcomeOfHandlerProblem(t *testing.T) {
 		require.Equal(t, tc.want, got)
 	}
 }
+
+// With a producer's context in the headers and a span in the transport's
+// context, the parent is the producer's span and both are linked; without
+// headers the parent is the context's span.
+func TestMiddlewareParentAndLinks(t *testing.T) {
+	sp := newSpans(t)
+	producer, hs := sp.produce("order-1")
+	ctx, ambient := sp.tp.Tracer("t").Start(context.Background(), "fetch")
+	ambient.End()
+	h := tracing.Middleware(sp.tp, "billing")(func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
+
+	require.NoError(t, h(ctx, nil, &consumer.Message{ID: "order-1", Headers: hs}))
+	withHeaders := sp.await(t, tracing.SpanName, producer.TraceID(), 1)[0]
+	requireChild(t, producer, withHeaders)
+	require.Len(t, withHeaders.Links, 2)
+	require.Equal(t, producer.SpanID(), withHeaders.Links[0].SpanContext.SpanID())
+	require.Equal(t, ambient.SpanContext().SpanID(), withHeaders.Links[1].SpanContext.SpanID())
+
+	require.NoError(t, h(ctx, nil, &consumer.Message{ID: "order-2"}))
+	plain := sp.await(t, tracing.SpanName, ambient.SpanContext().TraceID(), 1)[0]
+	requireChild(t, ambient.SpanContext(), plain)
+	require.Empty(t, plain.Links)
+}
+
+func TestNilProviderDoesNothing(t *testing.T) {
+	rec := httptest.NewRecorder()
+	ran := false
+	tracing.HTTP(nil)(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ran = true
+		require.Same(t, rec, w, "the writer is not wrapped")
+		require.False(t, trace.SpanContextFromContext(r.Context()).IsValid(), "no span")
+	})).ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/", nil))
+	require.True(t, ran)
+}
