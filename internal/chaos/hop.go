@@ -241,7 +241,9 @@ func hopWorker(ctx context.Context, a *hopArgs) int {
 			return fail(err)
 		}
 		h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			if _, err := ob.Add(ctx, tx, outbox.Message{Broker: outbox.NATS, Topic: hopSubject, Value: []byte(m.ID),
+			// The key spreads the messages over the outbox's lanes, so
+			// that the relays publish side by side.
+			if _, err := ob.Add(ctx, tx, outbox.Message{Broker: outbox.NATS, Topic: hopSubject, Key: []byte(m.ID), Value: []byte(m.ID),
 				Headers: []consumer.Header{{Key: headerSource, Value: []byte(m.ID)}, {Key: headerRun, Value: []byte(randHex(8))}}}); err != nil {
 				return err
 			}
