@@ -63,16 +63,16 @@ func WithHTTPOptions(opts ...otelhttp.Option) Option {
 //	mux.Handle("POST /orders", tracing.HTTP(tp)(bridge.Route(rc)(createOrder)))
 //
 // The handler's context carries the server span, so the spans it starts,
-// and its logs through LogHandler, belong to the request's trace. A nil tp
-// uses otel.GetTracerProvider(). otelhttp also records the HTTP server
-// metrics through otel.GetMeterProvider() (a no-op until the application
-// sets one; see WithHTTPOptions).
+// and its logs through LogHandler, belong to the request's trace. otelhttp
+// also records the HTTP server metrics through otel.GetMeterProvider() (a
+// no-op until the application sets one; see WithHTTPOptions). A nil tp
+// returns a middleware that does nothing, as Middleware does.
 func HTTP(tp trace.TracerProvider, opts ...Option) func(http.Handler) http.Handler {
-	o := newOptions(opts)
-	hopts := []otelhttp.Option{otelhttp.WithPropagators(o.prop)}
-	if tp != nil {
-		hopts = append(hopts, otelhttp.WithTracerProvider(tp))
+	if tp == nil {
+		return func(h http.Handler) http.Handler { return h }
 	}
+	o := newOptions(opts)
+	hopts := []otelhttp.Option{otelhttp.WithPropagators(o.prop), otelhttp.WithTracerProvider(tp)}
 	server := otelhttp.NewMiddleware(SpanName, append(hopts, o.http...)...)
 	return func(next http.Handler) http.Handler {
 		return server(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
