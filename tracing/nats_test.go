@@ -32,9 +32,10 @@ func TestNATSTraceEndToEnd(t *testing.T) {
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	ctx := context.Background()
+	subject := testsvc.Unique("orders")
 	for _, s := range []jetstream.StreamConfig{
-		{Name: "ORDERS", Subjects: []string{"orders"}},
-		{Name: "ORDERS-DLQ", Subjects: []string{"orders" + natsinbox.DeadLetterSuffix}},
+		{Name: subject, Subjects: []string{subject}},
+		{Name: subject + "-dlq", Subjects: []string{subject + natsinbox.DeadLetterSuffix}},
 	} {
 		_, err := js.CreateStream(ctx, s)
 		require.NoError(t, err)
@@ -42,7 +43,7 @@ func TestNATSTraceEndToEnd(t *testing.T) {
 	ledger, err := inbox.New(pg.Pool, inbox.Config{})
 	require.NoError(t, err)
 
-	orders, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: "ORDERS", Durable: "orders",
+	orders, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: subject, Durable: "orders",
 		Processor: consumer.Config{
 			Ledger:     ledger,
 			Middleware: []consumer.Middleware{tracing.Middleware(sp.tp, "orders")},
@@ -68,7 +69,7 @@ func TestNATSTraceEndToEnd(t *testing.T) {
 	require.NoError(t, err)
 	stopOrders, _ := consumertest.Start(t, orders)
 	defer stopOrders()
-	dlq, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: "ORDERS-DLQ", Durable: "orders-dlq",
+	dlq, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: subject + "-dlq", Durable: "orders-dlq",
 		Processor: consumer.Config{Ledger: ledger,
 			Middleware: []consumer.Middleware{tracing.Middleware(sp.tp, "orders-dlq")}},
 	}, func(context.Context, pgx.Tx, *consumer.Message) error { return nil })
@@ -79,7 +80,7 @@ func TestNATSTraceEndToEnd(t *testing.T) {
 	okSC, okHs := sp.produce("order-ok")
 	badSC, badHs := sp.produce("order-bad")
 	for _, hs := range []tracing.HeaderCarrier{okHs, badHs} {
-		m := nats.NewMsg("orders")
+		m := nats.NewMsg(subject)
 		m.Data = []byte("{}")
 		for _, h := range hs {
 			m.Header.Set(h.Key, string(h.Value))
@@ -92,7 +93,7 @@ func TestNATSTraceEndToEnd(t *testing.T) {
 	requireChild(t, okSC, h)
 	require.True(t, h.Parent.IsRemote())
 	dest, _ := attr(h, "messaging.destination.name")
-	require.Equal(t, "orders", dest)
+	require.Equal(t, subject, dest)
 	requireChild(t, h.SpanContext, sp.await(t, "charge card", okSC.TraceID(), 1)[0])
 
 	bad := sp.await(t, tracing.SpanName, badSC.TraceID(), 2)
