@@ -74,8 +74,8 @@ const (
 	headerRun = "chaos-run"
 )
 
-// relayRoles are the roles whose processes run a relay: -relay-kills picks
-// among them.
+// relayRole reports whether processes of role run a relay: -relay-kills
+// picks among them.
 func relayRole(role string) bool { return role == roleRelay || role == roleHKA }
 
 // onceKind maps a permanent hostile kind to its intermittent twin: in a
@@ -94,7 +94,7 @@ func onceKind(k hostileKind) hostileKind {
 	return k
 }
 
-// hopArgs are the worker flags the pipeline roles use.
+// hopArgs is one pipeline worker: its flags and what it opened.
 type hopArgs struct {
 	role, name     string
 	brokers, topic string // source topic (kn-a), hop topic (hk-a publishes to it, hk-b reads it)
@@ -118,7 +118,6 @@ type hopArgs struct {
 	outboxInitOnce sync.Once
 	outboxInst     *outbox.Outbox
 	outboxErr      error
-	published      atomic.Int64
 }
 
 func (a *hopArgs) nc() (*nats.Conn, error) {
@@ -154,11 +153,6 @@ func (a *hopArgs) startRelay(ctx context.Context) error {
 	w := &kafka.Writer{Addr: kafka.TCP(strings.Split(a.brokers, ",")...), WriteTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second}
 	r, err := ob.Relay(outbox.RelayConfig{Kafka: w, NATS: js, BatchSize: a.relayBatch, PollInterval: a.relayPoll, Logger: a.errLog,
 		Hooks: outbox.RelayHooks{
-			OnPublished: func(_ outbox.Broker, _, n int) {
-				if a.published.Add(int64(n)) == int64(n) {
-					a.report("relay-first-publish")
-				}
-			},
 			OnFailed: func(err *outbox.PublishError) {
 				a.report("relay-failed")
 				fmt.Fprintf(os.Stderr, "chaos %s: relay: refused for good: %v\n", a.name, err)
