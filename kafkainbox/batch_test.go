@@ -210,15 +210,22 @@ func TestDefaultBatchesIsolateHostileHandlers(t *testing.T) {
 		biggest = max(biggest, c)
 	}
 	require.Greater(t, biggest, 5, "several messages ran in one transaction")
+	// A hostile message at the head of a batch runs alone (the run ends
+	// at it); one inside a batch shares its transaction.
+	inBusy := 0
 	for _, id := range hostile {
 		first := runs[id][0]
 		committed := fx.pg.Count(t, `SELECT count(*) FROM effects WHERE xid = $1`, first)
 		t.Logf("%s: first run shared its transaction with %d others (%d committed there)", id, perTx[first]-1, committed)
-		require.Greater(t, perTx[first], 1, "%s ran in a busy batch", id)
+		if perTx[first] == 1 {
+			continue
+		}
+		inBusy++
 		if id == "h-deferred" {
 			require.Zero(t, committed, "its batch failed at COMMIT as a whole")
 			continue
 		}
 		require.Positive(t, committed, "%s was rolled back alone: the others of its batch committed", id)
 	}
+	require.GreaterOrEqual(t, inBusy, 2, "hostile messages ran inside busy batches")
 }

@@ -66,7 +66,10 @@ func TestCrashAfterCommitBeforeAck(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.StatusDone, rec.Status)
 	ci := e.consumerInfo(t, stream, crashDurable)
-	require.EqualValues(t, 1, ci.AckFloor.Stream, "only the first message was acked")
+	// At most the first was acked: in one batch with the crashed message,
+	// its fire-and-forget ack may not have left the process before the
+	// kill.
+	require.LessOrEqual(t, ci.AckFloor.Stream, uint64(1), "the crashed message was not acked")
 
 	c, err := New(crashConfig(e.nc, stream, fx.processor("")), fx.insert)
 	require.NoError(t, err)
