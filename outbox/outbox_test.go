@@ -2,6 +2,7 @@ package outbox_test
 
 import (
 	"context"
+	"encoding/base64"
 	"errors"
 	"sync"
 	"testing"
@@ -10,6 +11,9 @@ import (
 	"github.com/google/uuid"
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
+	"go.opentelemetry.io/otel"
+	"go.opentelemetry.io/otel/propagation"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
@@ -224,4 +228,38 @@ func TestOperations(t *testing.T) {
 	require.Equal(t, int64(2), st.Pending)
 	require.Zero(t, st.Failed)
 
+}
+
+// Add injects the W3C trace context of its ctx into the message headers
+// when a propagator is set, after the message's own headers; a header the
+// message sets itself wins. (Not parallel: it sets the global propagator.)
+func TestAddInjectsTraceContext(t *testing.T) {
+	prev := otel.GetTextMapPropagator()
+	otel.SetTextMapPropagator(propagation.TraceContext{})
+	t.Cleanup(func() { otel.SetTextMapPropagator(prev) })
+
+	fx := newFixture(t, 4)
+	sc := trace.NewSpanContext(trace.SpanContextConfig{
+		TraceID:    trace.TraceID{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16},
+		SpanID:     trace.SpanID{1, 2, 3, 4, 5, 6, 7, 8},
+		TraceFlags: trace.FlagsSampled,
+	})
+	ctx := trace.ContextWithSpanContext(context.Background(), sc)
+	err := pgx.BeginFunc(ctx, fx.pg.Pool, func(tx pgx.Tx) error {
+		_, err := fx.ob.Add(ctx, tx,
+			outbox.Message{Broker: outbox.Kafka, Topic: "t", Headers: []consumer.Header{{Key: "type", Value: []byte("x")}}},
+			outbox.Message{Broker: outbox.Kafka, Topic: "t", Headers: []consumer.Header{{Key: "traceparent", Value: []byte("mine")}}})
+		return err
+	})
+	require.NoError(t, err)
+	rows, err := fx.pg.Pool.Query(context.Background(), `SELECT headers::text FROM outbox ORDER BY seq`)
+	require.NoError(t, err)
+	hs, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	require.NoError(t, err)
+	require.Len(t, hs, 2)
+	want := base64.StdEncoding.EncodeToString([]byte("00-0102030405060708090a0b0c0d0e0f10-0102030405060708-01"))
+	require.Contains(t, hs[0], `"k": "type"`)
+	require.Contains(t, hs[0], `"k": "traceparent", "v": "`+want+`"`)
+	require.Contains(t, hs[1], base64.StdEncoding.EncodeToString([]byte("mine")))
+	require.NotContains(t, hs[1], want, "the message's own header wins")
 }
