@@ -12,7 +12,12 @@ import (
 )
 
 // harness adapts the franz-go consumer to the transport conformance suite.
-type harness struct{ brokers []string }
+// perEvent runs the suite's unbatched tests with BatchSize 1 (one message,
+// one transaction) instead of the default batches.
+type harness struct {
+	brokers  []string
+	perEvent bool
+}
 
 func (h *harness) NewTopic(t *testing.T) string { return newTopic(t, h.brokers, 4) }
 
@@ -33,6 +38,9 @@ func (h *harness) Publish(t *testing.T, topic string, msgs []consumertest.Msg) {
 }
 
 func (h *harness) Start(t *testing.T, topic, group string, opts consumertest.Options) func() {
+	if h.perEvent && opts.BatchSize == 0 {
+		opts.BatchSize = 1
+	}
 	return start(t, franzinbox.Config{
 		Brokers:   h.brokers,
 		Topics:    []string{topic},
@@ -58,4 +66,9 @@ func (h *harness) DeadLetters(t *testing.T, topic string) []consumertest.DeadLet
 func TestConformance(t *testing.T) {
 	t.Parallel()
 	consumertest.Run(t, &harness{brokers: testsvc.KafkaBrokers(t)}, consumertest.Features{Batch: true, SharedGroup: true})
+}
+
+func TestConformancePerEvent(t *testing.T) {
+	t.Parallel()
+	consumertest.Run(t, &harness{brokers: testsvc.KafkaBrokers(t), perEvent: true}, consumertest.Features{})
 }
