@@ -227,6 +227,30 @@ func publishNATS(ctx context.Context, js jetstream.JetStream, msgs []*pending) {
 	}
 }
 
+// confirmNoStream turns the msgs' "no stream" errors (no responders:
+// nothing took the publish) into transient ones unless the server says no
+// stream listens on the subject: no responders is also what a stream
+// between leaders, or a server restarting, answers.
+func confirmNoStream(ctx context.Context, js jetstream.JetStream, msgs []*pending) {
+	verdict := map[string]bool{}
+	for _, p := range msgs {
+		var pe *PublishError
+		if !errors.As(p.err, &pe) || !pe.Permanent ||
+			!(errors.Is(pe.Err, jetstream.ErrNoStreamResponse) || errors.Is(pe.Err, nats.ErrNoResponders)) {
+			continue
+		}
+		none, ok := verdict[p.topic]
+		if !ok {
+			_, err := js.StreamNameBySubject(ctx, p.topic)
+			none = errors.Is(err, jetstream.ErrStreamNotFound)
+			verdict[p.topic] = none
+		}
+		if !none {
+			pe.Permanent = false
+		}
+	}
+}
+
 func natsErr(p *pending, err error) error {
 	return &PublishError{ID: p.id, Broker: NATS, Topic: p.topic, Permanent: permanentNATS(err), Err: err}
 }

@@ -412,7 +412,11 @@ func (r *Relay) batch(ctx context.Context, lane int) (n int, full bool, err erro
 			}
 		} else {
 			wg.Add(1)
-			go func() { defer wg.Done(); publishNATS(bctx, r.cfg.NATS, nmsgs) }()
+			go func() {
+				defer wg.Done()
+				publishNATS(bctx, r.cfg.NATS, nmsgs)
+				confirmNoStream(bctx, r.cfg.NATS, nmsgs)
+			}()
 		}
 	}
 	wg.Wait()
