@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/IBM/sarama"
@@ -46,6 +47,33 @@ var peerSlug = map[string]string{
 // as a second row.
 const effectSQL = `INSERT INTO effects (event_id) VALUES ($1)`
 
+// errInjected is the handler failure of the failure phase.
+var errInjected = errors.New("injected handler failure (first attempt)")
+
+// failOnce makes the first attempt of some event IDs fail in this process
+// (when the orchestrator asks for it with PEERS_FAIL): the handler returns
+// an error before its effect, as a handler that met a transient error
+// does. Every peer retries a failed message; the question is whether the
+// retry runs.
+type failOnce struct {
+	on     bool
+	mu     sync.Mutex
+	failed map[string]bool
+}
+
+func (f *failOnce) fail(id string) error {
+	if !f.on || !failing(id) {
+		return nil
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.failed[id] {
+		return nil
+	}
+	f.failed[id] = true
+	return errInjected
+}
+
 // childArgs is what the orchestrator hands a consumer process.
 type childArgs struct {
 	peer    string
@@ -53,6 +81,7 @@ type childArgs struct {
 	group   string
 	brokers []string
 	pool    *pgxpool.Pool
+	fail    *failOnce
 }
 
 // consume runs one peer's consumer until ctx ends.
@@ -88,6 +117,9 @@ func consumeJustonce(ctx context.Context, a childArgs, concurrency int) error {
 		Processor:   consumer.Config{Ledger: ledger},
 		Concurrency: concurrency,
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := a.fail.fail(m.ID); err != nil {
+			return err
+		}
 		_, err := tx.Exec(ctx, effectSQL, m.ID)
 		return err
 	})
@@ -137,7 +169,7 @@ func consumeHandwritten(ctx context.Context, a childArgs) error {
 			}
 		}
 		for {
-			err = handwrittenOnce(ctx, a.pool, id)
+			err = handwrittenOnce(ctx, a.pool, id, a.fail)
 			if err == nil || ctx.Err() != nil {
 				break
 			}
@@ -152,7 +184,7 @@ func consumeHandwritten(ctx context.Context, a childArgs) error {
 	}
 }
 
-func handwrittenOnce(ctx context.Context, pool *pgxpool.Pool, id string) error {
+func handwrittenOnce(ctx context.Context, pool *pgxpool.Pool, id string, f *failOnce) error {
 	tx, err := pool.Begin(ctx)
 	if err != nil {
 		return err
@@ -164,6 +196,9 @@ func handwrittenOnce(ctx context.Context, pool *pgxpool.Pool, id string) error {
 	}
 	if tag.RowsAffected() == 0 {
 		return nil // seen before: the row is 'done' (a 'processing' row never commits)
+	}
+	if err := f.fail(id); err != nil {
+		return err // rolled back with the 'processing' row
 	}
 	if _, err := tx.Exec(ctx, effectSQL, id); err != nil {
 		return err
@@ -208,6 +243,9 @@ func consumeWatermillKafka(ctx context.Context, a childArgs) error {
 		return err
 	}
 	return runRouter(ctx, sub, a.topic, func(msg *message.Message) error {
+		if err := a.fail.fail(msg.Metadata.Get(idHeader)); err != nil {
+			return err
+		}
 		_, err := a.pool.Exec(msg.Context(), effectSQL, msg.Metadata.Get(idHeader))
 		return err
 	})
@@ -233,6 +271,9 @@ func consumeWatermillSQL(ctx context.Context, a childArgs) error {
 		tx, ok := wsql.TxFromContext(msg.Context())
 		if !ok {
 			return errors.New("watermill-sql: no transaction in the message's context")
+		}
+		if err := a.fail.fail(msg.Metadata.Get(idHeader)); err != nil {
+			return err
 		}
 		_, err := tx.ExecContext(msg.Context(), effectSQL, msg.Metadata.Get(idHeader))
 		return err

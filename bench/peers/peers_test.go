@@ -70,3 +70,26 @@ func TestCrashExactlyOnce(t *testing.T) {
 		}
 	}
 }
+
+// A handler that fails once (one ID in 250, its first attempt) has its
+// effect once when it is retried, in the peers that claim exactly once.
+func TestFailureExactlyOnce(t *testing.T) {
+	pgURL, brokers, err := services()
+	if err != nil {
+		t.Fatal(err)
+	}
+	o := options{events: 600, dupPercent: 20, partitions: 2, seed: 3, timeout: 2 * time.Minute, pgURL: pgURL, brokers: brokers}
+	events, unique := workload(o.events, o.dupPercent, o.seed)
+	for _, peer := range []string{peerJustonce, peerHandwritten} {
+		lost, doubled, failed, err := failure(context.Background(), o, "testf"+time.Now().Format("150405"), peer, events, unique)
+		if err != nil {
+			t.Fatalf("%s: %v", peer, err)
+		}
+		if failed == 0 {
+			t.Fatalf("%s: no ID failed: the test tested nothing", peer)
+		}
+		if lost != 0 || doubled != 0 {
+			t.Errorf("%s: %d IDs failed once: %d lost, %d doubled; want 0, 0", peer, failed, lost, doubled)
+		}
+	}
+}

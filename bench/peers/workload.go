@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"net"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/ThreeDotsLabs/watermill"
@@ -59,6 +60,14 @@ func workload(n, dupPercent int, seed uint64) (events []event, unique int) {
 		events[i] = event{ID: id, Seq: i}
 	}
 	return events, len(ids)
+}
+
+// failing says which event IDs fail their first attempt in the failure
+// phase: one in 250 (the first unique ID, then every 250th).
+func failing(id string) bool {
+	i := strings.LastIndexByte(id, '-')
+	n, err := strconv.Atoi(id[i+1:])
+	return err == nil && n%250 == 0
 }
 
 func payload(e event) []byte {
