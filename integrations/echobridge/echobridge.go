@@ -23,7 +23,10 @@ import (
 )
 
 // Middleware adapts route, a bridge route's middleware
-// (httpbridge.Bridge.Route), to echo.
+// (httpbridge.Bridge.Route), to echo. It adapts any net/http middleware the
+// same way, for example tracing.HTTP in front of the bridge:
+//
+//	e.POST("/orders", createOrder, echobridge.Middleware(tracing.HTTP(tp)), orders)
 func Middleware(route func(http.Handler) http.Handler) echo.MiddlewareFunc {
 	return func(next echo.HandlerFunc) echo.HandlerFunc {
 		return func(c echo.Context) error {

@@ -22,7 +22,10 @@ import (
 )
 
 // Middleware adapts route, a bridge route's middleware
-// (httpbridge.Bridge.Route), to gin.
+// (httpbridge.Bridge.Route), to gin. It adapts any net/http middleware the
+// same way, for example tracing.HTTP in front of the bridge:
+//
+//	r.POST("/orders", ginbridge.Middleware(tracing.HTTP(tp)), orders, createOrder)
 func Middleware(route func(http.Handler) http.Handler) gin.HandlerFunc {
 	return func(c *gin.Context) {
 		orig := c.Writer
