@@ -12,9 +12,9 @@ import (
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/franzinbox"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/testsvc"
-	"github.com/justonce/justonce/franzinbox"
 )
 
 // publishTo writes recs, in order, to one partition of topic.
