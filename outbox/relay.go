@@ -27,6 +27,9 @@ const (
 	DefaultPublishTimeout = 30 * time.Second
 )
 
+// dbTimeout bounds a batch's database steps, beside its PublishTimeout.
+const dbTimeout = 30 * time.Second
+
 // RelayConfig configures a Relay.
 type RelayConfig struct {
 	// Kafka publishes the messages whose Broker is Kafka. The relay needs
@@ -348,7 +351,11 @@ func (r *Relay) lockKey(lane int) string {
 func (r *Relay) batch(ctx context.Context, lane int) (n int, full bool, err error) {
 	// The batch in hand is finished even when ctx ends: a context of its
 	// own, bounded by PublishTimeout.
-	bctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), r.cfg.PublishTimeout)
+	// The database steps get a deadline of their own, past the publish's:
+	// a publish that timed out is still recorded (attempts, error, the
+	// acked part deleted).
+	base := context.WithoutCancel(ctx)
+	bctx, cancel := context.WithTimeout(base, r.cfg.PublishTimeout+dbTimeout)
 	defer cancel()
 	conn, err := r.o.pool.Acquire(bctx)
 	if err != nil {
@@ -390,6 +397,8 @@ func (r *Relay) batch(ctx context.Context, lane int) (n int, full bool, err erro
 	}
 	// A lane is one (broker, topic, key) hash: both brokers in one lane
 	// publish side by side.
+	pctx, pcancel := context.WithTimeout(base, r.cfg.PublishTimeout)
+	defer pcancel()
 	var wg sync.WaitGroup
 	if len(kmsgs) > 0 {
 		if r.cfg.Kafka == nil {
@@ -400,8 +409,8 @@ func (r *Relay) batch(ctx context.Context, lane int) (n int, full bool, err erro
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				publishKafka(bctx, r.cfg.Kafka, kmsgs)
-				confirmUnknownTopics(bctx, r.cfg.Kafka, kmsgs)
+				publishKafka(pctx, r.cfg.Kafka, kmsgs)
+				confirmUnknownTopics(pctx, r.cfg.Kafka, kmsgs)
 			}()
 		}
 	}
@@ -414,8 +423,8 @@ func (r *Relay) batch(ctx context.Context, lane int) (n int, full bool, err erro
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				publishNATS(bctx, r.cfg.NATS, nmsgs)
-				confirmNoStream(bctx, r.cfg.NATS, nmsgs)
+				publishNATS(pctx, r.cfg.NATS, nmsgs)
+				confirmNoStream(pctx, r.cfg.NATS, nmsgs)
 			}()
 		}
 	}
