@@ -119,7 +119,7 @@ func TestConsumerCollector(t *testing.T) {
 	for _, s := range spans {
 		require.Equal(t, tracing.TracerName, s.tracer)
 		require.Equal(t, tracing.SpanName, s.name)
-		require.Equal(t, trace.SpanKindInternal, s.kind)
+		require.Equal(t, trace.SpanKindConsumer, s.kind)
 		require.Equal(t, attribute.StringValue("orders"), s.attrs["justonce.scope"])
 		require.Equal(t, attribute.StringValue("orders.v1"), s.attrs["messaging.destination.name"])
 		id := s.attrs["messaging.message.id"].AsString()
