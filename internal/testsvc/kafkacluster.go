@@ -23,8 +23,9 @@ type KafkaClusterConfig struct {
 	// Nodes is the number of combined broker+controller nodes (default 3).
 	Nodes int
 	// BasePort: node i (1-based) listens on BasePort+i for clients and on
-	// BasePort+10+i for the controller quorum (default 47000, so 47001..
-	// and 47011..).
+	// BasePort+10+i for the controller quorum. Default: the first of
+	// 47000, 47020, 47040, 47060, 47080 whose ports are all free (so
+	// 47001.. and 47011.. when nothing holds them).
 	BasePort int
 	// Heap is the JVM heap flags of each node (default -Xms128m -Xmx384m).
 	Heap string
@@ -80,9 +81,6 @@ func StartKafkaCluster(t testing.TB, cfg KafkaClusterConfig) *KafkaCluster {
 	if cfg.Nodes == 0 {
 		cfg.Nodes = 3
 	}
-	if cfg.BasePort == 0 {
-		cfg.BasePort = 47000
-	}
 	if cfg.Heap == "" {
 		cfg.Heap = "-Xms128m -Xmx384m"
 	}
@@ -91,24 +89,34 @@ func StartKafkaCluster(t testing.TB, cfg KafkaClusterConfig) *KafkaCluster {
 		t.Fatalf("testsvc: no Kafka jars: run `make services-up` once (it fetches them), or set JUSTONCE_KAFKA_HOME")
 	}
 	c := &KafkaCluster{t: t, cfg: cfg, home: home, dir: t.TempDir(), procs: map[int]*exec.Cmd{}, done: map[int]chan struct{}{}}
-	for i := 1; i <= cfg.Nodes; i++ {
-		for _, p := range []int{c.port(i), c.controllerPort(i)} {
-			// The ports lie in Linux's default ephemeral range: a client
-			// connection may hold one for a while (scripts/kafka-cluster-test.sh
-			// reserves the range where it may).
-			end := time.Now().Add(15 * time.Second)
-			for {
-				l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
-				if err == nil {
-					_ = l.Close()
-					break
-				}
-				if time.Now().After(end) {
-					t.Fatalf("testsvc: kafka cluster port %d is taken: %v", p, err)
-				}
-				time.Sleep(100 * time.Millisecond)
+	// The ports lie in Linux's default ephemeral range, where a client
+	// connection may hold one for minutes (scripts/kafka-cluster-test.sh
+	// reserves the range where it may): take the first block of the
+	// range whose ports are all free.
+	bases := []int{cfg.BasePort}
+	if cfg.BasePort == 0 {
+		bases = []int{47000, 47020, 47040, 47060, 47080}
+	}
+	end := time.Now().Add(15 * time.Second)
+	for chosen := false; !chosen; {
+		var busy error
+		for _, b := range bases {
+			c.cfg.BasePort = b
+			if busy = c.portsFree(); busy == nil {
+				chosen = true
+				break
 			}
 		}
+		if chosen {
+			break
+		}
+		if time.Now().After(end) {
+			t.Fatalf("testsvc: kafka cluster: no free block of ports at %v: %v", bases, busy)
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	cfg = c.cfg
+	for i := 1; i <= cfg.Nodes; i++ {
 		c.Brokers = append(c.Brokers, c.Addr(i))
 	}
 	t.Cleanup(c.stopAll)
@@ -172,6 +180,20 @@ log.cleaner.enable=false
 	}
 	c.WaitBrokers(cfg.Nodes, 3*time.Minute)
 	return c
+}
+
+// portsFree checks that every port of the cluster can be listened on.
+func (c *KafkaCluster) portsFree() error {
+	for i := 1; i <= c.cfg.Nodes; i++ {
+		for _, p := range []int{c.port(i), c.controllerPort(i)} {
+			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(p))
+			if err != nil {
+				return err
+			}
+			_ = l.Close()
+		}
+	}
+	return nil
 }
 
 func (c *KafkaCluster) port(i int) int           { return c.cfg.BasePort + i }
