@@ -39,12 +39,12 @@ type RelayConfig struct {
 	// when zero, Balancer = kafka.Murmur2Balancer (a key always lands on
 	// the same partition, as with the Java client), BatchSize = BatchSize
 	// and BatchTimeout = 1 ms (the relay hands it whole batches; kafka-go's
-	// 1 s default would hold each one back). A Kafka message with no
-	// writer configured stays pending.
+	// 1 s default would hold each one back). A relay without a Kafka
+	// writer leaves Kafka messages to relays that have one.
 	Kafka *kafka.Writer
 	// NATS publishes the messages whose Broker is NATS, to JetStream,
-	// asynchronously, awaiting every ack. A NATS message with no
-	// JetStream configured stays pending.
+	// asynchronously, awaiting every ack. A relay without one leaves NATS
+	// messages to relays that have one.
 	NATS jetstream.JetStream
 	// BatchSize is how many messages of one lane a relay publishes per
 	// transaction. Default DefaultBatchSize.
@@ -89,6 +89,7 @@ type Relay struct {
 	o       *Outbox
 	cfg     RelayConfig
 	log     *slog.Logger
+	brokers []string // the brokers it publishes to: it reads only their messages
 	started atomic.Bool
 
 	mu      sync.Mutex
@@ -139,7 +140,14 @@ func (o *Outbox) Relay(cfg RelayConfig) (*Relay, error) {
 			w.BatchTimeout = time.Millisecond
 		}
 	}
-	return &Relay{o: o, cfg: cfg, log: cfg.Logger, backoff: map[int]laneBackoff{}}, nil
+	var brokers []string
+	if cfg.Kafka != nil {
+		brokers = append(brokers, string(Kafka))
+	}
+	if cfg.NATS != nil {
+		brokers = append(brokers, string(NATS))
+	}
+	return &Relay{o: o, cfg: cfg, log: cfg.Logger, brokers: brokers, backoff: map[int]laneBackoff{}}, nil
 }
 
 // Run publishes until ctx ends, then finishes the batches in hand and
@@ -315,11 +323,11 @@ func (r *Relay) round(ctx context.Context) (worked bool, next time.Time, err err
 func (r *Relay) pendingLanes(ctx context.Context) ([]int, error) {
 	t := r.o.table
 	rows, err := r.o.pool.Query(ctx, `WITH RECURSIVE l(lane) AS (
-    (SELECT lane FROM `+t+` WHERE status = 'pending' ORDER BY lane LIMIT 1)
+    (SELECT lane FROM `+t+` WHERE status = 'pending' AND broker = ANY($1) ORDER BY lane LIMIT 1)
     UNION ALL
-    SELECT (SELECT o.lane FROM `+t+` o WHERE o.status = 'pending' AND o.lane > l.lane ORDER BY o.lane LIMIT 1)
+    SELECT (SELECT o.lane FROM `+t+` o WHERE o.status = 'pending' AND o.broker = ANY($1) AND o.lane > l.lane ORDER BY o.lane LIMIT 1)
     FROM l WHERE l.lane IS NOT NULL
-) SELECT lane FROM l WHERE lane IS NOT NULL`)
+) SELECT lane FROM l WHERE lane IS NOT NULL`, r.brokers)
 	if err != nil {
 		return nil, fmt.Errorf("justonce/outbox: pending lanes: %w", err)
 	}
@@ -525,7 +533,7 @@ FROM unnest($1::bigint[], $2::text[]) AS f(seq, err) WHERE o.seq = f.seq`, retry
 // load reads the lane's oldest pending messages, in order.
 func (r *Relay) load(ctx context.Context, tx pgx.Tx, lane int) ([]*pending, error) {
 	rows, err := tx.Query(ctx, `SELECT seq, id, broker, topic, key, headers, value FROM `+r.o.table+`
-WHERE lane = $1 AND status = 'pending' ORDER BY seq LIMIT $2`, lane, r.cfg.BatchSize)
+WHERE lane = $1 AND status = 'pending' AND broker = ANY($3) ORDER BY seq LIMIT $2`, lane, r.cfg.BatchSize, r.brokers)
 	if err != nil {
 		return nil, fmt.Errorf("justonce/outbox: load: %w", err)
 	}

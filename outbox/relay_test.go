@@ -297,3 +297,27 @@ func TestTransientFailureKeepsOrder(t *testing.T) {
 	}
 	require.Equal(t, want, vs)
 }
+
+// A Kafka-only relay and a NATS-only relay on one outbox, sharing its
+// only lane: each publishes its broker's messages, neither retries the
+// other's.
+func TestRelaysPerBroker(t *testing.T) {
+	t.Parallel()
+	fx := newFixture(t, 1)
+	ns := newNATS(t)
+	topic := newTopic(t, fx.brokers, 1)
+	subject := testsvc.Unique("per")
+	stream := ns.stream(t, subject, time.Minute)
+	var retries atomic.Int64
+	hooks := outbox.RelayHooks{OnRetry: func(*outbox.PublishError) { retries.Add(1) }}
+	fx.relay(t, outbox.RelayConfig{Kafka: fx.writer(t), Hooks: hooks})
+	fx.relay(t, outbox.RelayConfig{NATS: ns.js, Hooks: hooks})
+	for i := range 20 {
+		v := []byte(strconv.Itoa(i))
+		fx.add(t, outbox.Message{Broker: outbox.Kafka, Topic: topic, Value: v}, outbox.Message{Broker: outbox.NATS, Topic: subject, Value: v})
+	}
+	fx.waitDrained(t, 60*time.Second)
+	require.Len(t, allMessages(readTopic(t, fx.brokers, topic)), 20)
+	require.Len(t, ns.streamMessages(t, stream), 20)
+	require.Zero(t, retries.Load())
+}
