@@ -617,10 +617,10 @@ func run(ctx context.Context, o options) error {
 	fmt.Printf("\n%d events per peer (%d unique IDs, %d %% duplicates), %d Kafka partitions, one business row per event; median of %d round(s)\n",
 		o.events, unique, o.dupPercent, o.partitions, o.rounds)
 	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "peer\tevents/s\tvs justonce\tSIGKILLed at\tdone, read again\tlost\tdoubled\tlost after 1 failure")
+	fmt.Fprintln(tw, "peer\tevents/s\trounds' range\tvs justonce\tSIGKILLed at\tdone, read again\tlost\tdoubled\tlost after 1 failure")
 	for _, r := range res {
 		rate := median(r.rates)
-		fmt.Fprintf(tw, "%s\t%.0f\t%.2f×\t%d/%d effects\t%d\t%d\t%d\t%d/%d\n", r.peer, rate, rate/base, r.crash.atKill, unique, r.crash.atRisk, r.crash.lost, r.crash.doubled, r.failLost, countFailing(events))
+		fmt.Fprintf(tw, "%s\t%.0f\t%.0f–%.0f\t%.2f×\t%d/%d effects\t%d\t%d\t%d\t%d/%d\n", r.peer, rate, slices.Min(r.rates), slices.Max(r.rates), rate/base, r.crash.atKill, unique, r.crash.atRisk, r.crash.lost, r.crash.doubled, r.failLost, countFailing(events))
 	}
 	_ = tw.Flush()
 	fmt.Println("SIGKILLed at: effects when the consumer was killed. done, read again: deliveries to the restarted consumer")
