@@ -26,7 +26,9 @@
 // Every committed message is published at least once. It is published
 // twice only when a relay dies (or loses its database connection) after
 // the broker acked a batch and before the batch's deletion committed: the
-// next relay publishes the batch again with the same IDs. A justonce
+// next relay publishes the batch again with the same IDs (so does a
+// database crash just after a batch committed: the relay commits without
+// waiting for the WAL flush). A justonce
 // consumer (kafkainbox, natsinbox) dedupes them in its ledger, and
 // JetStream drops a repeated Nats-Msg-Id within the stream's duplicate
 // window; any other consumer must dedupe on the message ID itself.
