@@ -28,6 +28,7 @@ type PublishError struct {
 	Err       error
 }
 
+// Error says which message the broker refused, and whether for good.
 func (e *PublishError) Error() string {
 	kind := "transient"
 	if e.Permanent {
