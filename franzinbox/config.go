@@ -84,7 +84,7 @@ type Config struct {
 	Processor consumer.Config
 
 	// DeadLetterTopic receives the messages that failed for good, with
-	// the consumer.DeadLetterHeaders. Default: "<topic>.dlq", where topic
+	// the consumer.DeadLetterHeadersContext. Default: "<topic>.dlq", where topic
 	// is the message's own. The topic must exist or the brokers must
 	// auto-create it; until the publish succeeds the message is retried,
 	// never dropped. Dead letters are produced by the Consumer's client

@@ -82,7 +82,7 @@ func (c *Consumer) deadLetterTo(client func() *kgo.Client) func(context.Context,
 			Topic:   c.cfg.deadLetterTopic(m.Topic),
 			Key:     m.Key,
 			Value:   m.Value,
-			Headers: toRecordHeaders(consumer.DeadLetterHeaders(c.cfg.Processor.Scope, m, cause)),
+			Headers: toRecordHeaders(consumer.DeadLetterHeadersContext(ctx, c.cfg.Processor.Scope, m, cause)),
 		}).FirstErr()
 	}
 }

@@ -46,7 +46,7 @@
 //     (Processor.MaxAttempts counted failures, with backoff).
 //   - After Processor.MaxAttempts failed attempts (or at once for a
 //     consumer.Permanent error) the message is published to the dead-letter
-//     topic (default "<topic>.dlq") with the consumer.DeadLetterHeaders,
+//     topic (default "<topic>.dlq") with the consumer.DeadLetterHeadersContext,
 //     recorded as failed in the ledger, and its offset committed: the
 //     messages behind it go on. A record without an event ID is
 //     dead-lettered at once, or with Processor.AllowNoID run in a plain
