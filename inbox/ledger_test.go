@@ -55,13 +55,21 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 	var counts [5]atomic.Int64
 	var wg sync.WaitGroup
 	start := make(chan struct{})
+	metInFlight := make(chan struct{})
+	var once sync.Once
 	for i := 0; i < 100; i++ {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			<-start
 			out, err := b.ledger.Do(ctx, req("orders", "evt-1"), func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
-				time.Sleep(20 * time.Millisecond) // hold the key while others arrive
+				// Hold the key until a racer has met it in flight (bounded,
+				// so that a broken ledger fails the assertions below rather
+				// than hanging).
+				select {
+				case <-metInFlight:
+				case <-time.After(10 * time.Second):
+				}
 				return pay("p1", &ran)(ctx, tx)
 			})
 			if err != nil {
@@ -69,6 +77,9 @@ func TestConcurrentDuplicatesRunOnce(t *testing.T) {
 				return
 			}
 			counts[out.Disposition].Add(1)
+			if out.Disposition == inbox.InFlight {
+				once.Do(func() { close(metInFlight) })
+			}
 		}()
 	}
 	close(start)
