@@ -3,9 +3,10 @@
 // retry with backoff, dead-lettering, batching and the decision to ack.
 //
 // Fronts (kafkainbox, natsinbox) turn their broker's messages into a
-// *Message, call Processor.Process or ProcessBatch, carry on with
-// Processor.Retry (the one retry loop), and ack, retry or stop as the
-// Decision says. A front for another broker (RabbitMQ, SQS) is written the
+// *Message, call Processor.Process (one message) or ProcessRun (the
+// messages already waiting, in order, in one transaction with a savepoint
+// each), carry on with Processor.Retry (the one retry loop), and ack, retry
+// or stop as the Decision says. A front for another broker (RabbitMQ, SQS) is written the
 // same way:
 //
 //	p, _ := consumer.New(consumer.Config{Ledger: ledger, Scope: "billing"},
@@ -27,7 +28,9 @@
 //     front sets Scope, ID, Source and DeadLetter unless given). The same
 //     ideas have the same names in every front's Config: Concurrency (how
 //     many messages, or batches, run at once), BatchSize (how many
-//     messages at most share one ledger transaction; 0: one each) and
+//     messages at most share one ledger transaction when they are waiting;
+//     default 50, 1: one each), BatchMaxTime (how long a batch keeps
+//     starting messages) and
 //     ShutdownTimeout (how long a shutdown waits for work in flight).
 //   - Run(ctx) error consumes until ctx ends, then shuts down: it stops
 //     fetching, lets the attempts in flight finish (handlers keep an
