@@ -290,17 +290,19 @@ func TestDoLeasedRenewsAndReleasesOnError(t *testing.T) {
 	ctx := context.Background()
 	r := req("payments", "charge-2")
 
-	// A handler slower than its lease keeps the key through renewals.
+	// A handler slower than its lease keeps the key through renewals. (The
+	// lease is long enough for renewals to keep up on a loaded machine; the
+	// handler outlives it more than twice.)
 	var ran atomic.Int64
-	out, err := b.ledger.DoLeased(ctx, r, 150*time.Millisecond, func(ctx context.Context, token int64) (inbox.Result, error) {
+	out, err := b.ledger.DoLeased(ctx, r, time.Second, func(ctx context.Context, token int64) (inbox.Result, error) {
 		ran.Add(1)
-		deadline := time.Now().Add(600 * time.Millisecond)
+		deadline := time.Now().Add(2500 * time.Millisecond)
 		for time.Now().Before(deadline) {
 			l, o, err := b.ledger.AcquireLease(ctx, r, time.Second)
 			if err != nil || l != nil || o.Disposition != inbox.InFlight {
 				return inbox.Result{}, fmt.Errorf("lease not held: %v %v", err, o.Disposition)
 			}
-			time.Sleep(50 * time.Millisecond)
+			time.Sleep(100 * time.Millisecond)
 		}
 		return inbox.Result{Code: 200}, nil
 	})
