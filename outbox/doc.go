@@ -18,7 +18,7 @@
 // lane's oldest pending messages in order, publishes them as one batch and
 // deletes them. So several relays run side by side without publishing a
 // message twice, and the messages of one key are published in the order
-// they were added. A relay wakes on LISTEN/NOTIFY when a transaction that
+// they were committed (see below). A relay wakes on LISTEN/NOTIFY when a transaction that
 // added messages commits, and polls as a fallback.
 //
 // # Guarantees and where they stop
@@ -33,12 +33,14 @@
 // JetStream drops a repeated Nats-Msg-Id within the stream's duplicate
 // window; any other consumer must dedupe on the message ID itself.
 //
-// Order holds per (broker, topic, key), among messages whose transactions
-// did not overlap: messages are ordered by when Add inserted them, so of
-// two concurrent transactions the one that committed first may be
-// published second if it added its messages later. Serialise the writers
-// of one key (as a row lock on the entity the key names does) to get
-// commit order. A message the broker refuses for good (ErrPermanent: too
+// Order holds per (broker, topic, key) among messages whose transactions
+// did not overlap (and within one transaction, in the order Add was
+// called). Two transactions that add messages of one key at the same time
+// may be published in either order: the relay reads committed rows in
+// insertion order, and a row inserted earlier by a transaction that
+// commits later is not visible to it yet. Serialise the writers of one key
+// (as a row lock on the entity the key names does) when their order
+// matters. A message the broker refuses for good (ErrPermanent: too
 // large, unknown topic, no stream for the subject) is marked failed and
 // the rest of its lane goes on: a later message of the same key then
 // overtakes it. Retry puts it back; Stats counts failed messages. A
