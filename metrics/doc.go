@@ -39,6 +39,19 @@
 //	justonce_consumer_dead_lettered_total{scope,source,reason}
 //	                                                    messages given up: no_id, invalid_key, handler
 //
+// The transactional outbox (OutboxCollector): the relays' counters, fed by
+// the outbox.RelayHooks that OutboxCollector.Hooks returns, and the table as
+// every instance sees it, queried at each scrape:
+//
+//	justonce_outbox_pending                     messages waiting for a relay
+//	justonce_outbox_oldest_pending_age_seconds  age of the oldest pending message; 0 when none
+//	justonce_outbox_failed                      messages refused for good, waiting for retry or purge
+//	justonce_outbox_stats_up                    1 when the last query answered, else 0
+//	justonce_outbox_published_total{broker}     messages published (acked) by this process's relays
+//	justonce_outbox_failed_total{broker}        messages this process's relays marked failed
+//	justonce_outbox_publish_retries_total{broker}
+//	                                            publishes that failed for the time being (retried)
+//
 // Labels are bounded: scope is the consumer group or route name the
 // application chose (never put an event ID in it), source is http, kafka,
 // nats or the like, status and disposition are fixed sets. Event IDs are
@@ -48,7 +61,8 @@
 //
 // alerts.yml in this directory has example Prometheus alert rules built on
 // these metrics: stuck leases, in-flight (conflict) rate, fingerprint
-// mismatches, Redis fallback, dead letters.
+// mismatches, Redis fallback, dead letters, outbox backlog, failed outbox
+// messages.
 //
 // Tracing is in package tracing.
 package metrics
