@@ -167,7 +167,7 @@ func BenchmarkLedgerVsBare(b *testing.B) {
 				defer c.Release()
 				bt := &pgx.Batch{}
 				bt.Queue("BEGIN")
-				bt.Queue(`INSERT INTO floor_ledger (scope, tenant, event_id, status, expires_at) VALUES ('bench', '', $1, 'done', now() + interval '1 day')`, id)
+				bt.Queue(`INSERT INTO floor_ledger (scope, tenant, event_id, status, expires_at) VALUES ('perf', '', $1, 'done', now() + interval '1 day')`, id)
 				if err := c.SendBatch(ctx, bt).Close(); err != nil {
 					return err
 				}
@@ -188,7 +188,7 @@ func BenchmarkLedgerVsBare(b *testing.B) {
 				floor,
 				func(r, i int) error {
 					id := strconv.Itoa(r) + "-" + strconv.Itoa(i)
-					out, err := l.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "bench", ID: id}}, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+					out, err := l.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "perf", ID: id}}, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 						_, err := tx.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ($1, 100)`, id)
 						return inbox.Result{}, err
 					})
@@ -229,7 +229,7 @@ func BenchmarkBatchVsPerEvent(b *testing.B) {
 	batch := func(_, _ int) error { // one op: DoBatch of size events
 		reqs := make([]inbox.Request, size)
 		for j := range reqs {
-			reqs[j] = inbox.Request{Key: inbox.Key{Scope: "bench", ID: id("b-")}}
+			reqs[j] = inbox.Request{Key: inbox.Key{Scope: "perf", ID: id("b-")}}
 		}
 		outs, err := l.DoBatch(ctx, reqs, func(ctx context.Context, tx pgx.Tx, fresh []int) ([]inbox.Result, error) {
 			bt := &pgx.Batch{}
@@ -246,7 +246,7 @@ func BenchmarkBatchVsPerEvent(b *testing.B) {
 	perEvent := func(_, _ int) error { // one op: size events, one Do each
 		for j := 0; j < size; j++ {
 			id := id("e-")
-			_, err := l.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "bench", ID: id}}, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+			_, err := l.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "perf", ID: id}}, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 				_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, id)
 				return inbox.Result{}, err
 			})
@@ -286,14 +286,14 @@ func BenchmarkDuplicateRedisVsPostgres(b *testing.B) {
 	ctx := context.Background()
 	body := []byte(`{"id":"pay_123","status":"succeeded","amount":1000,"currency":"eur"}`)
 	for i := 0; i < keys; i++ {
-		_, err := cached.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "bench", ID: strconv.Itoa(i)}}, func(context.Context, pgx.Tx) (inbox.Result, error) {
+		_, err := cached.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "perf", ID: strconv.Itoa(i)}}, func(context.Context, pgx.Tx) (inbox.Result, error) {
 			return inbox.Result{Code: 201, Body: body}, nil
 		})
 		require.NoError(b, err)
 	}
 	dup := func(l *inbox.Ledger) func(r, i int) error {
 		return func(r, i int) error {
-			out, err := l.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "bench", ID: strconv.Itoa(i % keys)}}, func(context.Context, pgx.Tx) (inbox.Result, error) {
+			out, err := l.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "perf", ID: strconv.Itoa(i % keys)}}, func(context.Context, pgx.Tx) (inbox.Result, error) {
 				return inbox.Result{}, fmt.Errorf("must not run")
 			})
 			if err == nil && out.Disposition != inbox.Duplicate {
@@ -305,7 +305,7 @@ func BenchmarkDuplicateRedisVsPostgres(b *testing.B) {
 	b.Run("replay", func(b *testing.B) { compare(b, 8, 4000, dup(pgOnly), dup(cached)) })
 
 	// In flight: a lease holds the key in Postgres and a lock in Redis.
-	held := inbox.Request{Key: inbox.Key{Scope: "bench", ID: "held"}}
+	held := inbox.Request{Key: inbox.Key{Scope: "perf", ID: "held"}}
 	lease, _, err := pgOnly.AcquireLease(ctx, held, time.Hour)
 	require.NoError(b, err)
 	defer func() { _ = lease.Abandon(ctx) }()
