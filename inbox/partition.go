@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"strings"
 	"time"
 
@@ -32,7 +33,12 @@ func (s *pgStore) detect(ctx context.Context, q querier) error {
 		return fmt.Errorf("ledger layout: %w", err)
 	}
 	if kind == "p" {
-		s.useTimeBuckets()
+		var width, maxTTL int64
+		if err := q.QueryRow(ctx, `SELECT extract(epoch FROM width)::bigint, extract(epoch FROM max_ttl)::bigint FROM `+
+			s.ident("processed_events_layout")).Scan(&width, &maxTTL); err != nil {
+			return fmt.Errorf("ledger layout: %w", err)
+		}
+		s.useTimeBuckets(time.Duration(width)*time.Second, time.Duration(maxTTL)*time.Second)
 	}
 	s.ready.Store(true)
 	return nil
@@ -40,11 +46,48 @@ func (s *pgStore) detect(ctx context.Context, q querier) error {
 
 // useTimeBuckets switches the statements that differ to the time-bucket
 // layout's. The others work on both.
-func (s *pgStore) useTimeBuckets() {
+func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration) {
 	s.buckets = true
 	oid := "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
 	r := strings.NewReplacer("{T}", s.table, "{OID}", oid, "{CLAIM}", s.ident("processed_events_claim"),
-		"{FAIL}", s.ident("processed_events_fail"))
+		"{FAIL}", s.ident("processed_events_fail"), 
+		"{W}", fmt.Sprintf("'%d seconds'::interval", int64(width/time.Second)),
+		"{MAXTTL_US}", strconv.FormatInt(maxTTL.Microseconds(), 10),
+		// The layout's failure function, called where it raises: past its
+		// TTL check, it takes a (blocking) advisory lock, then refuses any
+		// transaction stricter than READ COMMITTED.
+		"{REFUSE_RR}", s.ident("processed_events_fail")+"('', '', '', NULL, '', '', 0, '', 0, 0)")
+
+	// The write-once path (Do, DoBatch), as on the plain layout: the key's
+	// lock, then a look-up in a statement of its own, then the row, written
+	// complete with the commit into the bucket of the transaction's time.
+	// In READ COMMITTED the look-up's snapshot is taken after the lock is
+	// ours, so it sees every row an earlier holder committed, whatever its
+	// bucket; in a stricter isolation level it would not, and the lock
+	// statement refuses (SQLSTATE 0A000). A TTL past MaxTTL is refused by
+	// the row's INSERT (SQLSTATE 22023). Both refusals call the layout's
+	// functions, which raise them; nothing else calls a function.
+	const readCommitted = `current_setting('transaction_isolation') = 'read committed'`
+	s.lockOneSQL = r.Replace(`SELECT CASE WHEN ` + readCommitted + ` THEN pg_try_advisory_xact_lock($1::bigint # {OID})
+		ELSE {REFUSE_RR} END, now()`)
+	s.lockManySQL = r.Replace(`SELECT array_agg(pg_try_advisory_xact_lock(u.k # {OID}) ORDER BY u.o), now()
+		FROM unnest($1::bigint[]) WITH ORDINALITY AS u(k, o)
+		WHERE CASE WHEN ` + readCommitted + ` THEN true ELSE {REFUSE_RR} END`)
+	const ttl = `CASE WHEN %[1]s <= {MAXTTL_US} THEN %[1]s
+		ELSE (SELECT f.o_attempts::bigint FROM {CLAIM}('', '', '', NULL, '', '', %[1]s, 0, 0, NULL, false) f) END`
+	s.insertDoneSQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
+		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
+	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
+		now() + ` + fmt.Sprintf(ttl, "$11::bigint") + ` * interval '1 microsecond', date_bin({W}, now(), 'epoch'))`)
+	s.insertManySQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
+		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
+	SELECT u.scope, u.tenant, u.event_id, 'done', u.fingerprint, u.source, u.principal,
+		u.code, u.header, u.body, u.duration_us, now(), clock_timestamp(),
+		now() + ` + fmt.Sprintf(ttl, "u.ttl_us") + ` * interval '1 microsecond', date_bin({W}, now(), 'epoch')
+	FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[],
+		$7::integer[], $8::text[]::jsonb[], $9::bytea[], $10::bigint[], $11::bigint[])
+		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us)`)
+
 	const out = `o_status, o_fingerprint, o_source, o_principal, o_lease_owner, o_lease_until, o_fencing_token,
 		o_attempts, o_response_code, o_response_headers, o_response_body, o_error, o_duration_us,
 		o_created_at, o_completed_at, o_expires_at, o_live, o_leased`

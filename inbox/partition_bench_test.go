@@ -182,6 +182,15 @@ func BenchmarkRetentionUnderLoad(b *testing.B) {
 	}
 }
 
+// weekWidth is BenchmarkRetentionWeek's bucket width: the default (0)
+// unless JUSTONCE_BENCH_BUCKETS_PER_TTL sets MaxTTL/width.
+func weekWidth(maxTTL time.Duration) time.Duration {
+	if per := envInt("JUSTONCE_BENCH_BUCKETS_PER_TTL", 0); per > 0 {
+		return maxTTL / time.Duration(per)
+	}
+	return 0
+}
+
 // BenchmarkRetentionWeek: a week of steady traffic in scaled time, on both
 // layouts one after the other: a "day" is the TTL (JUSTONCE_BENCH_DAY_S
 // seconds, default 8), buckets are a quarter of it, traffic is
@@ -198,7 +207,7 @@ func BenchmarkRetentionWeek(b *testing.B) {
 		mc  migrations.Config
 	}{
 		{"plain", migrations.Config{}},
-		{"buckets", migrations.Config{Layout: migrations.LayoutTimeBuckets, BucketWidth: day / 4, MaxTTL: day}},
+		{"buckets", migrations.Config{Layout: migrations.LayoutTimeBuckets, MaxTTL: day, BucketWidth: weekWidth(day)}},
 	} {
 		pg, l := benchLedger(b, lay.mc, inbox.Config{DefaultTTL: day}, 6)
 		ctx, cancel := context.WithCancel(context.Background())

@@ -327,15 +327,30 @@ func TestBucketsTTLLongerThanABucket(t *testing.T) {
 	// one that has not gone yet.
 	require.LessOrEqual(t, buckets(t, b), 4+1+8+1)
 
-	// A TTL past MaxTTL is refused, not shortened.
-	r.TTL = 5 * time.Second
+	// A TTL past MaxTTL is refused, not shortened, by every call that
+	// would write a row with it.
 	_, err = b.ledger.Do(ctx, req("orders", "too-long"), noop)
 	require.NoError(t, err)
-	_, err = b.ledger.Do(ctx, r, noop)
+	tooLong := func(id string) inbox.Request {
+		r := req("orders", id)
+		r.TTL = 5 * time.Second
+		return r
+	}
 	var pgErr *pgconn.PgError
+	_, err = b.ledger.Do(ctx, tooLong("too-long-do"), pay("p3", &ran))
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "22023", pgErr.Code)
+	_, err = b.ledger.DoBatch(ctx, []inbox.Request{req("orders", "fine"), tooLong("too-long-batch")}, batchNoop)
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "22023", pgErr.Code)
+	_, _, err = b.ledger.AcquireLease(ctx, tooLong("too-long-lease"), time.Second)
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "22023", pgErr.Code)
+	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id LIKE 'too-long-%' OR event_id = 'fine'`))
+	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM payments WHERE id = 'p3'`))
 }
+
+func batchNoop(context.Context, pgx.Tx, []int) ([]inbox.Result, error) { return nil, nil }
 
 // A claim racing a bucket's drop: the claim's transaction is open (it took
 // over a key whose expired row sits in the bucket to drop) while the
@@ -503,6 +518,32 @@ func TestBucketsConvertAPlainLedger(t *testing.T) {
 	_, err = m.Up(ctx)
 	require.NoError(t, err)
 	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM pg_proc WHERE proname LIKE 'processed_events_%' AND pronamespace = $1::regnamespace`, b.pg.Schema))
+}
+
+// Do and DoBatch on a session whose transactions default to REPEATABLE
+// READ: the look-up's snapshot would predate the key's lock, so the claim
+// refuses before anything runs.
+func TestBucketsRefuseRepeatableReadByDefault(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Second, 2*time.Second, testsvc.MaxConns(1))
+	ctx := context.Background()
+	_, err := b.pg.Pool.Exec(ctx, `SET SESSION default_transaction_isolation = 'repeatable read'`)
+	require.NoError(t, err)
+	var ran atomic.Int64
+	var pgErr *pgconn.PgError
+	_, err = b.ledger.Do(ctx, req("orders", "rr"), pay("p1", &ran))
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "0A000", pgErr.Code)
+	_, err = b.ledger.DoBatch(ctx, []inbox.Request{req("orders", "rr1"), req("orders", "rr2")}, batchNoop)
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "0A000", pgErr.Code)
+	require.Zero(t, ran.Load())
+
+	_, err = b.pg.Pool.Exec(ctx, `SET SESSION default_transaction_isolation = 'read committed'`)
+	require.NoError(t, err)
+	out, err := b.ledger.Do(ctx, req("orders", "rr"), pay("p1", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
 }
 
 // The bucket check relies on READ COMMITTED's fresh snapshot per
