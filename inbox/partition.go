@@ -50,7 +50,7 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration) {
 	s.buckets = true
 	oid := "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
 	r := strings.NewReplacer("{T}", s.table, "{OID}", oid, "{CLAIM}", s.ident("processed_events_claim"),
-		"{FAIL}", s.ident("processed_events_fail"), 
+		"{FAIL}", s.ident("processed_events_fail"),
 		"{W}", fmt.Sprintf("'%d seconds'::interval", int64(width/time.Second)),
 		"{MAXTTL_US}", strconv.FormatInt(maxTTL.Microseconds(), 10),
 		// The layout's failure function, called where it raises: past its
