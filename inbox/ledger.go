@@ -41,10 +41,10 @@ type Config struct {
 	// Postgres stays the arbiter. See RedisConfig.
 	Redis *RedisConfig
 	// RecordDuration stores every handler's run time and completion time
-	// (duration_us, completed_at). Do and DoBatch on the plain layout write
-	// them always, with the row, at no cost; elsewhere (the time-bucket
-	// layout) they cost one more row update per event without a result,
-	// and are written only when this is set. Default false.
+	// (duration_us, completed_at). Do and DoBatch write them always, with
+	// the row, at no cost; for DoTx, and for a row taken over (expired, or
+	// a lapsed lease), they cost one more row update per event without a
+	// result, and are written only when this is set. Default false.
 	RecordDuration bool
 	// Logger receives warnings (Redis episodes, janitor failures), and so
 	// do the consumer runtime and the fronts built on this ledger. Keys are
@@ -158,8 +158,9 @@ func (l *Ledger) Validate(r Request) error {
 // The claim takes the key's lock and looks the key up; the row is written
 // once, complete with fn's result, with COMMIT. BEGIN travels with the
 // claim and the row with COMMIT, so the ledger adds no round trip to the
-// handler's own. (On the time-bucket layout the claim writes the row and a
-// result updates it with COMMIT: the same round trips.)
+// handler's own. Both layouts work this way (the time-bucket layout writes
+// the row into the bucket of the transaction's time, and refuses
+// transactions stricter than READ COMMITTED).
 //
 // The Outcome says what happened: Executed (fn ran and committed), Duplicate
 // (done before; Outcome.Result is the stored result), InFlight (another
@@ -229,9 +230,6 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 	conn := pc.Conn()
 	if err := l.store.detect(ctx, conn); err != nil { // the layout, at first use
 		return Outcome{}, storeErr("claim", err)
-	}
-	if l.store.buckets {
-		return l.doClaimFirst(ctx, conn, req, fn)
 	}
 	// A row written by someone who did not hold the key's lock can refuse
 	// the commit's write: the transaction rolls back, and the claim is
@@ -325,7 +323,9 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 }
 
 // takeOver claims, with the claim statement, a key whose row the lock
-// holder may take over, then runs fn as doClaimFirst does.
+// holder may take over (on the time-bucket layout the claim moves the row
+// to the current bucket), then runs fn and records its result with an
+// update.
 func (l *Ledger) takeOver(ctx context.Context, conn *pgx.Conn, req Request, fn TxFunc) (Outcome, bool, error) {
 	var c claimedScan
 	err := conn.QueryRow(ctx, l.store.claimOneSQL, claimOneArgs(req, l.ttl(req), 0, "")...).Scan(c.dest()...)
@@ -341,56 +341,6 @@ func (l *Ledger) takeOver(ctx context.Context, conn *pgx.Conn, req Request, fn T
 	}
 	out, err := l.runClaimed(ctx, conn, req, c.record(req, 0, ""), fn)
 	return out, false, err
-}
-
-// doClaimFirst is Do on the time-bucket layout: the claim writes the row
-// (the layout's claim function moves a taken-over row between buckets),
-// and a result is stored by an update with the commit.
-func (l *Ledger) doClaimFirst(ctx context.Context, conn *pgx.Conn, req Request, fn TxFunc) (Outcome, error) {
-	// BEGIN travels with the claim: one round trip.
-	var c claimedScan
-	claimed := false
-	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(l.store.claimOneSQL, claimOneArgs(req, l.ttl(req), 0, "")...).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(c.dest()...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		claimed = err == nil
-		return err
-	})
-	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		rollback(conn)
-		return Outcome{}, storeErr("claim", err)
-	}
-	if !claimed {
-		// Not new: read the row and end the transaction in one round trip.
-		var found bool
-		var live bool
-		var rec *Record
-		b := &pgx.Batch{}
-		b.Queue(l.store.lookupSQL, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
-			var ls recordScan
-			err := row.Scan(ls.dest()...)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			found = err == nil
-			rec, live, _ = ls.record(req.Key)
-			return err
-		})
-		b.Queue("ROLLBACK")
-		if err := conn.SendBatch(ctx, b).Close(); err != nil {
-			rollback(conn)
-			return Outcome{}, storeErr("lookup", err)
-		}
-		if !found {
-			rec = nil
-		}
-		return classify(req, claimRow{rec: rec, live: live}), nil
-	}
-	return l.runClaimed(ctx, conn, req, c.record(req, 0, ""), fn)
 }
 
 // runClaimed runs fn for a key whose row the open transaction has
@@ -689,44 +639,37 @@ func (l *Ledger) DoBatch(ctx context.Context, reqs []Request, fn BatchFunc) ([]O
 
 // batchOnce claims the unique requests uniq (uniqIdx: their indexes in
 // reqs), runs fn with the fresh ones and commits, filling outs at
-// uniqIdx. On the plain layout the claim locks every key in one statement
-// and looks them up in a second (one round trip with BEGIN), and the new
-// keys' rows are written once, complete, by one INSERT with the commit;
-// conflict reports that this INSERT met a row written without its key's
-// lock (rolled back: claim again). On the time-bucket layout the claim
-// writes the rows.
+// uniqIdx. The claim locks every key in one statement and looks them up
+// in a second (one round trip with BEGIN), and the new keys' rows are
+// written once, complete, by one INSERT with the commit; conflict reports
+// that this INSERT met a row written without its key's lock (rolled back:
+// claim again). Rows to take over go through the claim statement.
 func (l *Ledger) batchOnce(ctx context.Context, conn *pgx.Conn, reqs, uniq []Request, uniqIdx []int, outs []Outcome, fn BatchFunc) (conflict bool, err error) {
-	var rows []claimRow // per uniq
-	var now time.Time
 	// isNew marks the uniq positions claimed by the lock alone (their rows
 	// are written with the commit); the others claimed wrote their rows.
 	isNew := make([]bool, len(uniq))
-	if l.store.buckets {
-		rows, err = l.claimMany(ctx, conn, true, uniq)
-	} else {
-		rows, now, err = l.lockMany(ctx, conn, uniq)
-		var over []int // locked, with a row that may be taken over
-		for u := range rows {
-			cr := &rows[u]
-			switch {
-			case cr.claimed && cr.rec == nil:
-				isNew[u] = true
-			case cr.claimed && takeover(cr.rec, cr.live, cr.leased, uniq[u].Fingerprint):
-				over = append(over, u)
-			default:
-				cr.claimed = false
-			}
+	rows, now, err := l.lockMany(ctx, conn, uniq) // per uniq
+	var over []int                                // locked, with a row that may be taken over
+	for u := range rows {
+		cr := &rows[u]
+		switch {
+		case cr.claimed && cr.rec == nil:
+			isNew[u] = true
+		case cr.claimed && takeover(cr.rec, cr.live, cr.leased, uniq[u].Fingerprint):
+			over = append(over, u)
+		default:
+			cr.claimed = false
 		}
-		if err == nil && len(over) > 0 {
-			sub := make([]Request, len(over))
+	}
+	if err == nil && len(over) > 0 {
+		sub := make([]Request, len(over))
+		for j, u := range over {
+			sub[j] = uniq[u]
+		}
+		var taken []claimRow
+		if taken, err = l.claimMany(ctx, conn, false, sub); err == nil {
 			for j, u := range over {
-				sub[j] = uniq[u]
-			}
-			var taken []claimRow
-			if taken, err = l.claimMany(ctx, conn, false, sub); err == nil {
-				for j, u := range over {
-					rows[u] = taken[j]
-				}
+				rows[u] = taken[j]
 			}
 		}
 	}

@@ -619,8 +619,11 @@ func insertManyArgs(reqs []Request, idx []int, results []Result, ttl func(Reques
 // row: a row for the key was written by someone who did not hold the key's
 // lock (or is not visible to a REPEATABLE READ snapshot).
 func isKeyConflict(err error) bool {
+	// processed_events_pkey; processed_events_bucket_pkey on the
+	// time-bucket layout, reported with its bucket's own index name.
 	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "processed_events_pkey"
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" &&
+		strings.HasPrefix(pgErr.ConstraintName, "processed_events") && strings.HasSuffix(pgErr.ConstraintName, "pkey")
 }
 
 // collectClaimLookup reads lookupManySQL's rows: the existing row of each
