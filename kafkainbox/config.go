@@ -89,7 +89,7 @@ type Config struct {
 	Processor consumer.Config
 
 	// DeadLetterTopic receives the messages that failed for good, with
-	// the consumer.DeadLetterHeaders. Default "<Topic>.dlq". The topic must
+	// the consumer.DeadLetterHeadersContext. Default "<Topic>.dlq". The topic must
 	// exist or the brokers must auto-create it; until the publish succeeds
 	// the message is retried, never dropped. Ignored when
 	// Processor.DeadLetter is set.

@@ -86,7 +86,7 @@ func (c *Consumer) deadLetterTo(w *kafka.Writer) func(context.Context, *consumer
 			Topic:   c.cfg.DeadLetterTopic,
 			Key:     m.Key,
 			Value:   m.Value,
-			Headers: toKafkaHeaders(consumer.DeadLetterHeaders(c.cfg.Processor.Scope, m, cause)),
+			Headers: toKafkaHeaders(consumer.DeadLetterHeadersContext(ctx, c.cfg.Processor.Scope, m, cause)),
 		})
 	}
 }

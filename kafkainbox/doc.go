@@ -46,7 +46,7 @@
 //     deferred constraint failing at COMMIT counts as a failed attempt.
 //   - After Processor.MaxAttempts failed attempts (or at once for a
 //     consumer.Permanent error) the message is published to the dead-letter
-//     topic (default "<topic>.dlq") with the consumer.DeadLetterHeaders
+//     topic (default "<topic>.dlq") with the consumer.DeadLetterHeadersContext
 //     (error, attempts, origin topic, partition, offset, event ID, scope,
 //     time), recorded as failed in the ledger, and its offset committed: the
 //     messages behind it go on.

@@ -26,12 +26,12 @@ func (c *Consumer) deadLetterSubject(subject string) string {
 }
 
 // publishDeadLetter is the default Processor.DeadLetter: it publishes m
-// with the consumer.DeadLetterHeaders, confirmed by JetStream (JetStream
+// with the consumer.DeadLetterHeadersContext, confirmed by JetStream (JetStream
 // mode) or flushed to the server (core mode). An error makes the runtime
 // retry the message instead of acking it.
 func (c *Consumer) publishDeadLetter(ctx context.Context, m *consumer.Message, cause error) error {
 	out := nats.NewMsg(c.deadLetterSubject(m.Topic))
-	for _, h := range consumer.DeadLetterHeaders(c.cfg.Processor.Scope, m, cause) {
+	for _, h := range consumer.DeadLetterHeadersContext(ctx, c.cfg.Processor.Scope, m, cause) {
 		// The server's own headers (Nats-Msg-Id, Nats-Expected-*,
 		// Nats-Rollup, Nats-TTL, ...) would change how the dead letter is
 		// stored, or get it dropped as a duplicate of the original.

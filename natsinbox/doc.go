@@ -95,7 +95,7 @@
 //
 // The dead-letter subject is the message's subject with ".dlq" appended,
 // or Config.DeadLetterSubject, published with the
-// consumer.DeadLetterHeaders. With JetStream a stream must capture it: until
+// consumer.DeadLetterHeadersContext. With JetStream a stream must capture it: until
 // the publish succeeds the message is retried, never acked without its
 // dead letter. Its Nats-Msg-Id is "justonce-dlq:<stream>:<sequence>", so a
 // repeated dead-lettering is dropped by the stream's duplicate window. Run
