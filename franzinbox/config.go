@@ -33,6 +33,10 @@ const (
 	// batch's savepoints (one per message) within the 64 subtransactions
 	// Postgres tracks per transaction without overflowing to disk.
 	DefaultBatchSize = 50
+	// DefaultConcurrency is Config.Concurrency's default: four partitions'
+	// messages (or batches) run at once, each in its own transaction on a
+	// connection of its own; each partition's messages stay in order.
+	DefaultConcurrency = 4
 	// DefaultBatchMaxTime is Config.BatchMaxTime's default.
 	DefaultBatchMaxTime = 50 * time.Millisecond
 	// DefaultCommitInterval is Config.CommitInterval's default.
@@ -93,9 +97,11 @@ type Config struct {
 	DeadLetterTopic string
 
 	// Concurrency is how many messages (or batches) may run at once.
-	// Default 1: one at a time. A message waiting to be retried holds up
-	// only the messages behind it in its partition (or its key, with
-	// ByKey), for up to Processor.MaxAttempts backoffs; it does not hold a
+	// Default DefaultConcurrency (4), each needing a database connection of
+	// its own while it runs: size the pool for it. Messages of one
+	// partition run in order whatever the value (see Ordering). A message
+	// waiting to be retried holds up only the messages behind it in its
+	// partition (or its key, with ByKey), for up to Processor.MaxAttempts backoffs; it does not hold a
 	// Concurrency slot while it waits, so the other partitions go on.
 	Concurrency int
 	// Ordering when Concurrency > 1. Default ByPartition.
@@ -224,7 +230,7 @@ func (c Config) withDefaults() Config {
 		c.Processor.Source = Source
 	}
 	if c.Concurrency == 0 {
-		c.Concurrency = 1
+		c.Concurrency = DefaultConcurrency
 	}
 	if c.MaxBuffered == 0 {
 		c.MaxBuffered = DefaultMaxBuffered

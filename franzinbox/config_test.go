@@ -58,7 +58,7 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, "billing", got.Processor.Scope, "scope defaults to the group")
 	require.Equal(t, franzinbox.Source, got.Processor.Source)
 	require.NotNil(t, got.Processor.DeadLetter)
-	require.Equal(t, 1, got.Concurrency)
+	require.Equal(t, franzinbox.DefaultConcurrency, got.Concurrency)
 	require.Equal(t, franzinbox.DefaultCommitInterval, got.CommitInterval)
 	require.Equal(t, franzinbox.DefaultShutdownTimeout, got.ShutdownTimeout)
 	require.Equal(t, franzinbox.DefaultMaxBuffered, got.MaxBuffered)

@@ -34,7 +34,7 @@ func publishTo(t testing.TB, brokers []string, topic string, partition int32, re
 // COMMIT (a deferred constraint) is a counted handler failure: it is
 // retried in place, in its partition, then dead-lettered and recorded
 // failed. While it waits between attempts, the other partition's messages
-// all run, with the default Concurrency of 1; the messages behind it in its
+// all run, with a Concurrency of 1; the messages behind it in its
 // own partition run after it, in order.
 func TestRetryingMessageDoesNotStallOtherPartitions(t *testing.T) {
 	t.Parallel()
@@ -75,7 +75,7 @@ func TestRetryingMessageDoesNotStallOtherPartitions(t *testing.T) {
 		defer mu.Unlock()
 		deadAt = time.Now()
 	}
-	stop := start(t, franzinbox.Config{Brokers: brokers, Topics: []string{topic}, GroupID: group, Processor: pc},
+	stop := start(t, franzinbox.Config{Brokers: brokers, Topics: []string{topic}, GroupID: group, Processor: pc, Concurrency: 1},
 		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			mu.Lock()
 			switch {

@@ -59,7 +59,7 @@ func TestConfig(t *testing.T) {
 	require.Equal(t, kafkainbox.Source, got.Processor.Source)
 	require.Equal(t, "orders.dlq", got.DeadLetterTopic)
 	require.NotNil(t, got.Processor.DeadLetter)
-	require.Equal(t, 1, got.Concurrency)
+	require.Equal(t, kafkainbox.DefaultConcurrency, got.Concurrency)
 	require.Equal(t, kafkainbox.DefaultCommitInterval, got.CommitInterval)
 	require.Equal(t, kafkainbox.DefaultShutdownTimeout, got.ShutdownTimeout)
 	require.Equal(t, kafkainbox.DefaultMaxBuffered, got.MaxBuffered)

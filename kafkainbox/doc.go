@@ -32,7 +32,7 @@
 //   - Order is kept within a partition: a partition's messages run one after
 //     the other and a failing message is retried in place, with backoff, by
 //     the runtime's retry loop (consumer.Processor.Retry) before the next
-//     one runs. Config.Concurrency and Config.Ordering allow
+//     one runs. Config.Concurrency (default 4) and Config.Ordering set the
 //     parallelism across partitions or across keys; the commit watermark of
 //     each partition then waits for the slowest message below it.
 //   - One bad message holds up only what must wait for it: the messages
