@@ -65,8 +65,11 @@ func TestOutboxCollector(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
 	defer func() { cancel(); require.NoError(t, <-done) }()
+	// The hooks run after the relay's commit: wait for them too.
 	testsvc.Eventually(t, 60*time.Second, func() bool {
-		return samples(t, reg)["justonce_outbox_pending"] == 0
+		s := samples(t, reg)
+		return s["justonce_outbox_pending"] == 0 && s[`justonce_outbox_published_total{broker="kafka"}`] == 2 &&
+			s[`justonce_outbox_failed_total{broker="kafka"}`] == 1
 	}, "relay drained the outbox")
 	s = only(samples(t, reg), "justonce_outbox")
 	require.Equal(t, 2.0, s[`justonce_outbox_published_total{broker="kafka"}`])
