@@ -390,7 +390,7 @@ func (p *Processor) transient(ctx context.Context, m *Message, err error, ran bo
 			return d
 		}
 	}
-	p.log.Debug("justonce consumer: retrying without counting an attempt", "id", inbox.Mask(m.ID), "delay", delay, "err", err)
+	p.log.DebugContext(ctx, "justonce consumer: retrying without counting an attempt", "id", inbox.Mask(m.ID), "delay", delay, "err", err)
 	return p.retry(m, Decision{Delay: delay, Err: err, HandlerRan: ran})
 }
 
@@ -488,7 +488,7 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, key
 			return Decision{Action: Stop, Err: fmt.Errorf("dead letter: %w (cause: %w)", err, cause)}
 		}
 	} else {
-		p.log.Error("justonce consumer: message failed for good", "id", inbox.Mask(m.ID), "topic", m.Topic, "attempts", m.Attempt, "err", cause)
+		p.log.ErrorContext(ctx, "justonce consumer: message failed for good", "id", inbox.Mask(m.ID), "topic", m.Topic, "attempts", m.Attempt, "err", cause)
 	}
 	if keyed {
 		err := p.untilDone(ctx, m, "recording a failure", func() error {
@@ -496,13 +496,13 @@ func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, key
 			if errors.Is(err, inbox.ErrCacheStale) {
 				// Recorded; only the Redis cache may answer stale until
 				// its entry expires. Nothing to retry.
-				p.log.Warn("justonce consumer: failure recorded, Redis cache not invalidated", "id", inbox.Mask(m.ID), "err", err)
+				p.log.WarnContext(ctx, "justonce consumer: failure recorded, Redis cache not invalidated", "id", inbox.Mask(m.ID), "err", err)
 				return nil
 			}
 			if err != nil && !inbox.IsTransient(err) {
 				// Published but not recordable: a redelivery is
 				// dead-lettered again (dead letters are at-least-once).
-				p.log.Error("justonce consumer: dead-lettered but not recorded failed", "id", inbox.Mask(m.ID), "err", err)
+				p.log.ErrorContext(ctx, "justonce consumer: dead-lettered but not recorded failed", "id", inbox.Mask(m.ID), "err", err)
 				return nil
 			}
 			return err
@@ -526,7 +526,7 @@ func (p *Processor) untilDone(ctx context.Context, m *Message, what string, step
 		err := step()
 		if err == nil {
 			if n > 1 {
-				p.log.Info("justonce consumer: "+what+" succeeded after retries", "id", inbox.Mask(m.ID), "tries", n)
+				p.log.InfoContext(ctx, "justonce consumer: "+what+" succeeded after retries", "id", inbox.Mask(m.ID), "tries", n)
 			}
 			return nil
 		}
@@ -534,7 +534,7 @@ func (p *Processor) untilDone(ctx context.Context, m *Message, what string, step
 			return err
 		}
 		if n == 1 {
-			p.log.Warn("justonce consumer: "+what+" failed, retrying", "id", inbox.Mask(m.ID), "err", err)
+			p.log.WarnContext(ctx, "justonce consumer: "+what+" failed, retrying", "id", inbox.Mask(m.ID), "err", err)
 		}
 		if p.cfg.Hooks.OnRetry != nil {
 			p.cfg.Hooks.OnRetry(m, err)

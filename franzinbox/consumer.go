@@ -234,7 +234,7 @@ func (s *session) run(ctx context.Context) {
 	case <-lanesDone:
 		grace.Stop()
 	case <-grace.C:
-		s.c.log.Warn("justonce franz: in-flight handlers still running after the shutdown timeout; cancelling them", "timeout", cfg.ShutdownTimeout)
+		s.c.log.WarnContext(ctx, "justonce franz: in-flight handlers still running after the shutdown timeout; cancelling them", "timeout", cfg.ShutdownTimeout)
 		s.cancel()
 		<-lanesDone
 	}
@@ -307,7 +307,7 @@ func (s *session) poll(ctx context.Context) {
 			continue
 		}
 		if !failing {
-			s.c.log.Warn("justonce franz: fetch failed, retrying", "topics", s.c.cfg.Topics, "err", errors.Join(errs...))
+			s.c.log.WarnContext(ctx, "justonce franz: fetch failed, retrying", "topics", s.c.cfg.Topics, "err", errors.Join(errs...))
 			failing = true
 		}
 		if got == 0 && consumer.Sleep(ctx, 500*time.Millisecond) != nil {
@@ -674,7 +674,7 @@ func (s *session) commitLocked(ctx context.Context, cl *kgo.Client, only map[top
 	})
 	s.tr.committed(ok)
 	if len(errs) > 0 && ctx.Err() == nil {
-		s.c.log.Warn("justonce franz: offset commit failed; will retry (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "err", errors.Join(errs...))
+		s.c.log.WarnContext(ctx, "justonce franz: offset commit failed; will retry (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "err", errors.Join(errs...))
 	}
 }
 

@@ -125,10 +125,10 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 	var nf errNoField
 	switch {
 	case errors.As(err, &kp):
-		b.log.Debug("justonce/grpcbridge: invalid key", "method", full, "reason", kp.msg)
+		b.log.DebugContext(ctx, "justonce/grpcbridge: invalid key", "method", full, "reason", kp.msg)
 		return nil, invalidKey(kp)
 	case errors.As(err, &nf):
-		b.log.Error("justonce/grpcbridge: method misconfigured", "method", full, "err", err)
+		b.log.ErrorContext(ctx, "justonce/grpcbridge: method misconfigured", "method", full, "err", err)
 		return nil, status.Error(codes.Internal, "the server cannot read this method's idempotency key")
 	case !present && m.Required:
 		field := b.metadataKey + " metadata"
@@ -146,14 +146,14 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 	ttl := or(m.TTL, b.cfg.Ledger.DefaultTTL())
 	if !ck.firstSent.IsZero() {
 		if p := checkFirstSent(ck.firstSent, time.Now(), ttl, b.cfg.ClockSkew, ck.fsField); p != nil {
-			b.log.Debug("justonce/grpcbridge: first_sent refused", "method", full, "reason", p.msg)
+			b.log.DebugContext(ctx, "justonce/grpcbridge: first_sent refused", "method", full, "reason", p.msg)
 			return nil, invalidKey(p)
 		}
 	}
 
 	fp, err := fingerprint(full, req, m, md)
 	if err != nil {
-		b.log.Error("justonce/grpcbridge: fingerprint", "method", full, "err", err)
+		b.log.ErrorContext(ctx, "justonce/grpcbridge: fingerprint", "method", full, "err", err)
 		return nil, status.Error(codes.Internal, "the request cannot be fingerprinted")
 	}
 	r := inbox.Request{
@@ -177,7 +177,7 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 		if errors.As(err, &ke) && ke.Field == "event_id" {
 			return nil, invalidKey(&keyProblem{reasonInvalid, ck.keyField, "the key is rejected by the ledger: " + ke.Reason})
 		}
-		b.log.Error("justonce/grpcbridge: key rejected by the ledger", "key", r.Key.String(), "err", err)
+		b.log.ErrorContext(ctx, "justonce/grpcbridge: key rejected by the ledger", "key", r.Key.String(), "err", err)
 		return nil, status.Error(codes.Internal, "the call's key is rejected by the ledger")
 	}
 
@@ -213,19 +213,19 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 	})
 	switch {
 	case pv != nil:
-		b.log.Error("justonce/grpcbridge: handler panicked; rolled back, key released",
+		b.log.ErrorContext(ctx, "justonce/grpcbridge: handler panicked; rolled back, key released",
 			"key", r.Key.String(), "panic", fmt.Sprint(pv.value), "stack", string(pv.stack))
 		panic(pv.value)
 	case err != nil && isPlain(herr) && errors.Is(err, herr) && !inbox.IsTransient(err):
-		b.log.Debug("justonce/grpcbridge: handler failed, rolled back", "key", r.Key.String(), "err", herr)
+		b.log.DebugContext(ctx, "justonce/grpcbridge: handler failed, rolled back", "key", r.Key.String(), "err", herr)
 		b.flush(ctx, bs)
 		return resp, herr
 	case errors.Is(err, errNotStored):
-		b.log.Debug("justonce/grpcbridge: status not stored, rolled back", "key", r.Key.String(), "code", status.Code(herr).String())
+		b.log.DebugContext(ctx, "justonce/grpcbridge: status not stored, rolled back", "key", r.Key.String(), "code", status.Code(herr).String())
 		b.flush(ctx, bs)
 		return resp, herr
 	case errors.Is(err, errEncode):
-		b.log.Error("justonce/grpcbridge: answer not storable; rolled back", "key", r.Key.String(), "err", err)
+		b.log.ErrorContext(ctx, "justonce/grpcbridge: answer not storable; rolled back", "key", r.Key.String(), "err", err)
 		return nil, status.Error(codes.Internal, "the answer cannot be stored; nothing was done")
 	case err != nil:
 		return nil, b.failure(r, err)
@@ -276,7 +276,7 @@ func (b *Bridge) answer(ctx context.Context, r inbox.Request, ck callKey, out in
 	}
 	switch out.Disposition {
 	case inbox.InFlight:
-		b.log.Debug("justonce/grpcbridge: in flight", "key", r.Key.String())
+		b.log.DebugContext(ctx, "justonce/grpcbridge: in flight", "key", r.Key.String())
 		return nil, b.retryable(codes.Aborted, reasonInProgress,
 			"a call with this key is being processed; retry after the RetryInfo delay with the same key")
 	case inbox.Mismatch:
@@ -284,7 +284,7 @@ func (b *Bridge) answer(ctx context.Context, r inbox.Request, ck callKey, out in
 			// Another front ran the key; its fingerprint is of another kind.
 			return b.elsewhere(ctx, r, source)
 		}
-		b.log.Info("justonce/grpcbridge: key reused with another request", "key", r.Key.String())
+		b.log.InfoContext(ctx, "justonce/grpcbridge: key reused with another request", "key", r.Key.String())
 		return nil, withDetails(codes.InvalidArgument,
 			"this key was used with a different request (method, message or metadata); use a new key for a new request",
 			errorInfo(reasonReused, nil), badRequest(ck.keyField, "reused with a different request"))
@@ -310,17 +310,17 @@ func (b *Bridge) answer(ctx context.Context, r inbox.Request, ck callKey, out in
 		if len(a.trailer) > 0 {
 			_ = grpc.SetTrailer(ctx, a.trailer)
 		}
-		b.log.Debug("justonce/grpcbridge: replay", "key", r.Key.String(), "code", a.code.String(), "cached", out.Cached)
+		b.log.DebugContext(ctx, "justonce/grpcbridge: replay", "key", r.Key.String(), "code", a.code.String(), "cached", out.Cached)
 		return a.answer()
 	}
-	b.log.Error("justonce/grpcbridge: unexpected ledger outcome", "key", r.Key.String(), "disposition", out.Disposition.String())
+	b.log.ErrorContext(ctx, "justonce/grpcbridge: unexpected ledger outcome", "key", r.Key.String(), "disposition", out.Disposition.String())
 	return nil, status.Error(codes.Internal, "unexpected ledger outcome")
 }
 
 // elsewhere answers a key another front (a consumer, the HTTP bridge) ran:
 // it does not run again, and there is no gRPC response to replay.
 func (b *Bridge) elsewhere(ctx context.Context, r inbox.Request, source string) (any, error) {
-	b.log.Debug("justonce/grpcbridge: key processed by another path", "key", r.Key.String(), "source", source)
+	b.log.DebugContext(ctx, "justonce/grpcbridge: key processed by another path", "key", r.Key.String(), "source", source)
 	_ = grpc.SetHeader(ctx, metadata.Pairs(b.replayHeader, "true"))
 	return nil, withDetails(codes.AlreadyExists,
 		fmt.Sprintf("the operation for this key was already processed by %s; it does not run again", sourceName(source)),
@@ -379,7 +379,7 @@ func (b *Bridge) serveKeyless(ctx context.Context, req any, full string, m *meth
 	switch {
 	case pv != nil:
 		rollback()
-		b.log.Error("justonce/grpcbridge: handler panicked; rolled back", "method", full, "panic", fmt.Sprint(pv.value))
+		b.log.ErrorContext(ctx, "justonce/grpcbridge: handler panicked; rolled back", "method", full, "panic", fmt.Sprint(pv.value))
 		panic(pv.value)
 	case !m.Store(status.Code(herr)):
 		closed := tx.Conn().IsClosed()

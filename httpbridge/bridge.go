@@ -91,7 +91,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	s := h.s
 	key, present, err := extractKey(r.Header, s.keyHeaders, h.rt.maxKeyLen, h.rt.KeyFormat)
 	if err != nil {
-		s.log.Debug("justonce/httpbridge: invalid key", "scope", h.rt.Scope, "reason", err.Error())
+		s.log.DebugContext(r.Context(), "justonce/httpbridge: invalid key", "scope", h.rt.Scope, "reason", err.Error())
 		writeProblem(w, ProblemInvalidKey, http.StatusBadRequest, err.Error())
 		return
 	}
@@ -135,7 +135,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 			writeProblem(w, ProblemInvalidKey, http.StatusBadRequest, "the key is rejected by the ledger: "+ke.Reason)
 			return
 		}
-		s.log.Error("justonce/httpbridge: request key rejected by the ledger", "key", req.Key.String(), "err", err)
+		s.log.ErrorContext(r.Context(), "justonce/httpbridge: request key rejected by the ledger", "key", req.Key.String(), "err", err)
 		writeInternal(w)
 		return
 	}
@@ -177,7 +177,7 @@ func (h *handler) serveTx(ctx context.Context, w http.ResponseWriter, r *http.Re
 	case pv != nil:
 		h.repanic(req, pv)
 	case errors.Is(err, errNotStored):
-		h.s.log.Debug("justonce/httpbridge: status not stored, rolled back", "key", req.Key.String(), "status", resp.code)
+		h.s.log.DebugContext(ctx, "justonce/httpbridge: status not stored, rolled back", "key", req.Key.String(), "status", resp.code)
 		writeResponse(w, resp.code, resp.header, resp.body)
 	case errors.Is(err, errTooLarge):
 		h.tooLarge(w, req, resp, "it was rolled back: nothing was done, and the key is free")
@@ -225,7 +225,7 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 	release := func() {
 		stop()
 		if err := lease.Abandon(fctx); err != nil {
-			s.log.Warn("justonce/httpbridge: lease not released; it will expire", "key", req.Key.String(), "err", err)
+			s.log.WarnContext(ctx, "justonce/httpbridge: lease not released; it will expire", "key", req.Key.String(), "err", err)
 		}
 	}
 	switch {
@@ -238,7 +238,7 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 		stop()
 		cause := fmt.Errorf("response of %d bytes is over the %d-byte store cap", resp.size, h.rt.MaxResponseBytes)
 		if err := lease.Fail(fctx, cause); err != nil {
-			s.log.Warn("justonce/httpbridge: lease not marked failed", "key", req.Key.String(), "err", err)
+			s.log.WarnContext(ctx, "justonce/httpbridge: lease not marked failed", "key", req.Key.String(), "err", err)
 		}
 		h.tooLarge(w, req, resp, "the operation ran (lease mode) and will not run again under this key; its response is lost")
 	case !h.rt.Store(resp.code):
@@ -257,11 +257,11 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 		case err == nil:
 			writeResponse(w, resp.code, resp.header, resp.body)
 		case errors.Is(err, inbox.ErrLeaseLost):
-			s.log.Error("justonce/httpbridge: lease lost while the handler ran", "key", req.Key.String(), "err", err)
+			s.log.ErrorContext(ctx, "justonce/httpbridge: lease lost while the handler ran", "key", req.Key.String(), "err", err)
 			writeProblem(w, ProblemLeaseLost, http.StatusInternalServerError,
 				"the handler outlived its lease; another attempt may have taken the key over")
 		case errors.Is(err, errCompleteGaveUp):
-			s.log.Error("justonce/httpbridge: lease-mode result not recorded; the key runs again once its lease expires",
+			s.log.ErrorContext(ctx, "justonce/httpbridge: lease-mode result not recorded; the key runs again once its lease expires",
 				"key", req.Key.String(), "err", err)
 			writeProblem(w, ProblemStoreUnavailable, http.StatusServiceUnavailable,
 				"the operation ran, but the idempotency store was unavailable to record its result; a retry with the same key "+
@@ -433,7 +433,7 @@ func (h *handler) quotaOK(ctx context.Context, w http.ResponseWriter, req inbox.
 	case err == nil:
 		return true
 	case errors.Is(err, inbox.ErrNotFound):
-		s.log.Info("justonce/httpbridge: live-key quota exceeded", "key", req.Key.String(), "live", n, "limit", limit)
+		s.log.InfoContext(ctx, "justonce/httpbridge: live-key quota exceeded", "key", req.Key.String(), "live", n, "limit", limit)
 		writeProblem(w, ProblemQuotaExceeded, http.StatusTooManyRequests,
 			fmt.Sprintf("this tenant holds %d live keys here, the limit is %d; keys are freed as they expire", n, limit))
 		return false

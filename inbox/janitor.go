@@ -93,7 +93,7 @@ func (l *Ledger) RunJanitor(ctx context.Context, cfg JanitorConfig) error {
 	defer t.Stop()
 	for {
 		if _, err := l.Purge(ctx, cfg); err != nil && !errors.Is(err, ErrJanitorBusy) && ctx.Err() == nil {
-			l.cfg.Logger.Warn("justonce janitor: purge failed", "err", err)
+			l.cfg.Logger.WarnContext(ctx, "justonce janitor: purge failed", "err", err)
 		}
 		select {
 		case <-ctx.Done():

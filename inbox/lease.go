@@ -246,7 +246,7 @@ func (ls *Lease) CompleteRetrying(ctx context.Context, res Result, lost <-chan s
 		if err == nil || !IsTransient(err) {
 			return err
 		}
-		ls.l.cfg.Logger.Warn("justonce/inbox: recording a lease-mode result failed, will retry",
+		ls.l.cfg.Logger.WarnContext(ctx, "justonce/inbox: recording a lease-mode result failed, will retry",
 			"key", ls.req.Key.String(), "err", err)
 		t := time.NewTimer(backoff.Delay(20*time.Millisecond, time.Second, 2, n))
 		select {

@@ -244,7 +244,7 @@ func (s *session) run(ctx context.Context) {
 	case <-lanesDone:
 		grace.Stop()
 	case <-grace.C:
-		s.c.log.Warn("justonce kafka: in-flight handlers still running after the shutdown timeout; cancelling them", "timeout", cfg.ShutdownTimeout)
+		s.c.log.WarnContext(ctx, "justonce kafka: in-flight handlers still running after the shutdown timeout; cancelling them", "timeout", cfg.ShutdownTimeout)
 		s.cancel()
 		<-lanesDone
 	}
@@ -255,7 +255,7 @@ func (s *session) run(ctx context.Context) {
 	s.commit(final)
 	cancel()
 	if err := s.reader.Close(); err != nil {
-		s.c.log.Warn("justonce kafka: closing the reader", "err", err)
+		s.c.log.WarnContext(ctx, "justonce kafka: closing the reader", "err", err)
 	}
 }
 
@@ -277,7 +277,7 @@ func (s *session) fetch(ctx context.Context) {
 				return
 			}
 			if !failing {
-				s.c.log.Warn("justonce kafka: fetch failed, retrying", "topic", s.c.cfg.Topic, "err", err)
+				s.c.log.WarnContext(ctx, "justonce kafka: fetch failed, retrying", "topic", s.c.cfg.Topic, "err", err)
 				failing = true
 			}
 			if consumer.Sleep(ctx, 500*time.Millisecond) != nil {
@@ -575,7 +575,7 @@ func (s *session) commit(ctx context.Context) {
 		if errors.Is(ctx.Err(), context.Canceled) && errors.Is(err, context.Canceled) {
 			return // interrupted by shutdown; the final commit follows
 		}
-		s.c.log.Warn("justonce kafka: offset commit failed; will retry (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "err", err)
+		s.c.log.WarnContext(ctx, "justonce kafka: offset commit failed; will retry (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "err", err)
 		return
 	}
 	s.tr.committed(offs)

@@ -106,7 +106,7 @@ func (c *Consumer) procContext(ctx context.Context) (pctx context.Context, start
 	startDrain = func() {
 		once.Do(func() {
 			t := time.AfterFunc(c.cfg.ShutdownTimeout, func() {
-				c.log.Warn("justonce natsinbox: in-flight handlers still running after the shutdown timeout; cancelling them", "timeout", c.cfg.ShutdownTimeout)
+				c.log.WarnContext(ctx, "justonce natsinbox: in-flight handlers still running after the shutdown timeout; cancelling them", "timeout", c.cfg.ShutdownTimeout)
 				cancel()
 			})
 			context.AfterFunc(pctx, func() { t.Stop() })

@@ -37,7 +37,7 @@ func (c *Consumer) runCore(ctx context.Context) error {
 	jobs := make(chan *nats.Msg)
 	quit := make(chan struct{})
 	lost := func(msg *consumer.Message, err error) {
-		c.log.Error("justonce natsinbox: core NATS message not processed before shutdown, lost (core NATS does not redeliver)",
+		c.log.ErrorContext(ctx, "justonce natsinbox: core NATS message not processed before shutdown, lost (core NATS does not redeliver)",
 			"id", inbox.Mask(msg.ID), "subject", msg.Topic, "err", err)
 	}
 	var wg sync.WaitGroup

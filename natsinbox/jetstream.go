@@ -78,7 +78,7 @@ func (c *Consumer) setup(ctx context.Context) (jetstream.Consumer, time.Duration
 		ttl = c.proc.Config().Ledger.DefaultTTL()
 	}
 	if si.Config.MaxAge > ttl {
-		c.log.Warn("justonce natsinbox: the stream keeps messages longer than the ledger keeps their IDs; a redelivery or replay after the ledger row expired runs the handler again",
+		c.log.WarnContext(ctx, "justonce natsinbox: the stream keeps messages longer than the ledger keeps their IDs; a redelivery or replay after the ledger row expired runs the handler again",
 			"stream", c.cfg.Stream, "max_age", si.Config.MaxAge, "ledger_ttl", ttl)
 	}
 	ackWait := info.Config.AckWait
@@ -183,7 +183,7 @@ func (c *Consumer) runConsume(ctx, pctx context.Context, startDrain func(), cons
 				terminal = err
 				mu.Unlock()
 			}
-			c.log.Warn("justonce natsinbox: consume", "durable", c.cfg.Durable, "err", err)
+			c.log.WarnContext(ctx, "justonce natsinbox: consume", "durable", c.cfg.Durable, "err", err)
 		}),
 	)
 	if err != nil {

@@ -180,7 +180,7 @@ func (r *Relay) Run(ctx context.Context) error {
 		}
 		worked, next, err := r.round(ctx)
 		if err != nil && ctx.Err() == nil {
-			r.log.Warn("justonce/outbox: relay round failed", "err", err)
+			r.log.WarnContext(ctx, "justonce/outbox: relay round failed", "err", err)
 		}
 		if worked {
 			continue
@@ -246,7 +246,7 @@ func (r *Relay) listen(ctx context.Context, wake chan<- struct{}) {
 		}
 		attempt++
 		d := r.cfg.Backoff.Delay(attempt)
-		r.log.Warn("justonce/outbox: relay listener lost; polling meanwhile", "err", err, "retry_in", d)
+		r.log.WarnContext(ctx, "justonce/outbox: relay listener lost; polling meanwhile", "err", err, "retry_in", d)
 		select {
 		case <-ctx.Done():
 			return
@@ -503,7 +503,7 @@ FROM unnest($1::bigint[], $2::text[]) AS f(seq, err) WHERE o.seq = f.seq`, retry
 		}
 	}
 	for _, pe := range failedErrs {
-		r.log.Error("justonce/outbox: message refused for good; marked failed", "id", pe.ID, "broker", pe.Broker, "topic", pe.Topic, "err", pe.Err)
+		r.log.ErrorContext(ctx, "justonce/outbox: message refused for good; marked failed", "id", pe.ID, "broker", pe.Broker, "topic", pe.Topic, "err", pe.Err)
 		if h.OnFailed != nil {
 			h.OnFailed(pe)
 		}
@@ -521,7 +521,7 @@ FROM unnest($1::bigint[], $2::text[]) AS f(seq, err) WHERE o.seq = f.seq`, retry
 		b.until = time.Now().Add(d)
 		r.backoff[lane] = b
 		r.mu.Unlock()
-		r.log.Warn("justonce/outbox: publishing failed; retrying the lane", "lane", lane, "id", firstTransient.ID,
+		r.log.WarnContext(ctx, "justonce/outbox: publishing failed; retrying the lane", "lane", lane, "id", firstTransient.ID,
 			"broker", firstTransient.Broker, "topic", firstTransient.Topic, "err", firstTransient.Err, "retry_in", d)
 		return len(msgs), false, nil
 	}
