@@ -183,7 +183,8 @@ func BenchmarkRetentionUnderLoad(b *testing.B) {
 }
 
 // weekWidth is BenchmarkRetentionWeek's bucket width: the default (0)
-// unless JUSTONCE_BENCH_BUCKETS_PER_TTL sets MaxTTL/width.
+// unless JUSTONCE_BENCH_BUCKETS_PER_TTL sets MaxTTL/width. (Likewise
+// JUSTONCE_BENCH_AHEAD for the buckets ahead.)
 func weekWidth(maxTTL time.Duration) time.Duration {
 	if per := envInt("JUSTONCE_BENCH_BUCKETS_PER_TTL", 0); per > 0 {
 		return maxTTL / time.Duration(per)
@@ -192,22 +193,25 @@ func weekWidth(maxTTL time.Duration) time.Duration {
 }
 
 // BenchmarkRetentionWeek: a week of steady traffic in scaled time, on both
-// layouts one after the other: a "day" is the TTL (JUSTONCE_BENCH_DAY_S
-// seconds, default 8), buckets are a quarter of it, traffic is
+// layouts one after the other: a "day" is the TTL and MaxTTL
+// (JUSTONCE_BENCH_DAY_S seconds, default 12), buckets have the default
+// width (see weekWidth), traffic is
 // JUSTONCE_BENCH_RATE Do calls a second (default 1500) on 4 workers, and
 // the janitor runs every 250 ms. It reports table + index size over days
 // 2–8 (swing around the mean, and the last day's mean against the second's),
 // and the p99 of calls that started while a purge ran against those that
 // did not.
 func BenchmarkRetentionWeek(b *testing.B) {
-	day := time.Duration(envInt("JUSTONCE_BENCH_DAY_S", 8)) * time.Second
+	// 12 s: the default width (MaxTTL/6) is then whole seconds.
+	day := time.Duration(envInt("JUSTONCE_BENCH_DAY_S", 12)) * time.Second
 	rate := envInt("JUSTONCE_BENCH_RATE", 1500)
 	for _, lay := range []struct {
 		tag string
 		mc  migrations.Config
 	}{
 		{"plain", migrations.Config{}},
-		{"buckets", migrations.Config{Layout: migrations.LayoutTimeBuckets, MaxTTL: day, BucketWidth: weekWidth(day)}},
+		{"buckets", migrations.Config{Layout: migrations.LayoutTimeBuckets, MaxTTL: day, BucketWidth: weekWidth(day),
+			BucketsAhead: envInt("JUSTONCE_BENCH_AHEAD", 0)}},
 	} {
 		pg, l := benchLedger(b, lay.mc, inbox.Config{DefaultTTL: day}, 6)
 		ctx, cancel := context.WithCancel(context.Background())

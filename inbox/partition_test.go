@@ -560,3 +560,120 @@ func TestBucketsRefuseRepeatableRead(t *testing.T) {
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "0A000", pgErr.Code)
 }
+
+// Do and DoBatch on the time-bucket layout write each row once, complete,
+// into the current bucket; a key is found in any bucket whatever the TTL
+// of the call that asks; an expired row in an older bucket is taken over
+// by moving it, so a key never has two rows.
+func TestBucketsWriteOnce(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Second, 4*time.Second)
+	ctx := context.Background()
+	var ran atomic.Int64
+	out, err := b.ledger.Do(ctx, req("orders", "once"), pay("p1", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	outs, err := b.ledger.DoBatch(ctx, []inbox.Request{req("orders", "b1"), req("orders", "b2")},
+		func(ctx context.Context, tx pgx.Tx, idx []int) ([]inbox.Result, error) {
+			return []inbox.Result{{Code: 201}, {Code: 202}}, nil
+		})
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, outs[0].Disposition)
+	require.Equal(t, inbox.Executed, outs[1].Disposition)
+	// Never updated (xmax 0: no second version, no row lock), in the
+	// bucket of the claim's time, complete.
+	require.Equal(t, 3, b.pg.Count(t, `SELECT count(*) FROM processed_events
+		WHERE xmax = '0' AND status = 'done' AND response_code IS NOT NULL AND completed_at IS NOT NULL
+			AND bucket = date_bin('1 second', created_at, 'epoch') AND expires_at = created_at + interval '4 seconds'`))
+	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'once' AND ctid = '(0,1)'`))
+
+	// A shorter TTL asks later, from a later bucket: the row is found.
+	claimed := time.Now()
+	short := req("orders", "once")
+	short.TTL = 200 * time.Millisecond
+	testsvc.Eventually(t, 5*time.Second, func() bool { return time.Since(claimed) > 1500*time.Millisecond }, "a later bucket")
+	out, err = b.ledger.Do(ctx, short, pay("p2", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Duplicate, out.Disposition)
+	require.Equal(t, 201, out.Result.Code)
+	shortB := req("orders", "b2")
+	shortB.TTL = 200 * time.Millisecond
+	outs, err = b.ledger.DoBatch(ctx, []inbox.Request{shortB}, batchNoop)
+	require.NoError(t, err)
+	require.Equal(t, inbox.Duplicate, outs[0].Disposition)
+	require.EqualValues(t, 1, ran.Load())
+
+	// Expired, in an older bucket: taken over, moved, one row.
+	var oldBucket time.Time
+	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT bucket FROM processed_events WHERE event_id = 'once'`).Scan(&oldBucket))
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'once' AND expires_at <= now()`) == 1
+	}, "row expires")
+	out, err = b.ledger.Do(ctx, short, pay("p3", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	var rows int
+	var newBucket time.Time
+	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT count(*) OVER (), bucket FROM processed_events WHERE event_id = 'once'`).Scan(&rows, &newBucket))
+	require.Equal(t, 1, rows)
+	require.True(t, newBucket.After(oldBucket), "moved from %v to %v", oldBucket, newBucket)
+	require.EqualValues(t, 2, ran.Load())
+}
+
+// A Do whose handler is still running when the janitor drops the bucket
+// that held the key's expired row (which the Do took over): the janitor
+// waits for it, and the key ends in the current bucket, once.
+func TestBucketsDoRacesADrop(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Second, 2*time.Second)
+	ctx := context.Background()
+	short := req("orders", "held")
+	short.TTL = 300 * time.Millisecond
+	var ran atomic.Int64
+	_, err := b.ledger.Do(ctx, short, pay("held-1", &ran))
+	require.NoError(t, err)
+	var oldBucket time.Time
+	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT bucket FROM processed_events WHERE event_id = 'held'`).Scan(&oldBucket))
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		return time.Now().After(oldBucket.Add(3*time.Second + 200*time.Millisecond))
+	}, "bucket due")
+
+	entered, release := make(chan struct{}), make(chan struct{})
+	done := make(chan error, 1)
+	go func() {
+		out, err := b.ledger.Do(ctx, short, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+			close(entered)
+			<-release
+			return pay("held-2", &ran)(ctx, tx)
+		})
+		if err == nil && out.Disposition != inbox.Executed {
+			err = fmt.Errorf("disposition %v", out.Disposition)
+		}
+		done <- err
+	}()
+	<-entered
+	purged := make(chan error, 1)
+	go func() {
+		_, err := b.ledger.Purge(ctx, inbox.JanitorConfig{})
+		purged <- err
+	}()
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_events'::regclass AND inhdetachpending`) == 1
+	}, "detach pending")
+	select {
+	case err := <-purged:
+		t.Fatalf("the janitor did not wait for the running Do: %v", err)
+	default:
+	}
+	out, err := b.ledger.Do(ctx, short, pay("held-3", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.InFlight, out.Disposition)
+	close(release)
+	require.NoError(t, <-done)
+	require.NoError(t, <-purged)
+	var newBucket time.Time
+	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT bucket FROM processed_events WHERE event_id = 'held'`).Scan(&newBucket))
+	require.True(t, newBucket.After(oldBucket))
+	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'held'`))
+	require.Equal(t, 2, b.pg.Count(t, `SELECT count(*) FROM payments WHERE id LIKE 'held-%'`))
+}

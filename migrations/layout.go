@@ -30,6 +30,13 @@ const (
 const (
 	DefaultMaxTTL       = 24 * time.Hour
 	DefaultBucketsAhead = 2
+	// DefaultBucketsPerTTL is MaxTTL/BucketWidth by default: the table's
+	// size then stays within about ±10 % of its mean (the drop of one
+	// bucket is 1/6 of what the table holds), and a claim looks the key up
+	// in 7 buckets that can hold a live row plus the ones ahead. The
+	// default width is MaxTTL/DefaultBucketsPerTTL rounded down to whole
+	// seconds.
+	DefaultBucketsPerTTL = 6
 )
 
 func (c *Config) bucketDefaults() error {
@@ -37,7 +44,7 @@ func (c *Config) bucketDefaults() error {
 		c.MaxTTL = DefaultMaxTTL
 	}
 	if c.BucketWidth == 0 {
-		c.BucketWidth = c.MaxTTL / 4
+		c.BucketWidth = max((c.MaxTTL / DefaultBucketsPerTTL).Truncate(time.Second), time.Second)
 	}
 	if c.BucketsAhead == 0 {
 		c.BucketsAhead = DefaultBucketsAhead
