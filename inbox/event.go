@@ -2,7 +2,10 @@ package inbox
 
 import (
 	"context"
+	"sync"
 	"sync/atomic"
+
+	"github.com/jackc/pgx/v5"
 )
 
 // The event a handler runs for travels in its context, so that code called
@@ -14,6 +17,67 @@ type eventCtxKey struct{}
 type eventRun struct {
 	key Key
 	seq atomic.Int64
+
+	// Set by Do for its handler: statements queued with AtCommit on tx
+	// travel with the ledger's commit.
+	deferring bool
+	mu        sync.Mutex
+	tx        pgx.Tx
+	queued    []queuedStmt
+}
+
+type queuedStmt struct {
+	sql  string
+	args []any
+}
+
+// withEventAtCommit is WithEvent for a handler whose ledger sends the
+// statements queued with AtCommit in its commit's round trip.
+func withEventAtCommit(ctx context.Context, k Key) (context.Context, *eventRun) {
+	r := &eventRun{key: k, deferring: true}
+	return context.WithValue(ctx, eventCtxKey{}, r), r
+}
+
+// runOf returns the run ctx carries, or nil.
+func runOf(ctx context.Context) *eventRun {
+	r, _ := ctx.Value(eventCtxKey{}).(*eventRun)
+	return r
+}
+
+// flush queues the statements AtCommit collected into b.
+func (r *eventRun) flush(b *pgx.Batch) {
+	if r == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, q := range r.queued {
+		b.Queue(q.sql, q.args...)
+	}
+	r.queued = nil
+}
+
+// AtCommit queues a write (an INSERT whose result the handler does not
+// need) to run in tx just before the ledger commits it, in the commit's
+// round trip, and reports whether it did. It does so only inside a
+// handler that Ledger.Do runs, and only for the transaction Do gave that
+// handler (not a savepoint opened from it, whose rollback the queued
+// statement would outlive); elsewhere it returns false and the caller runs
+// the statement itself. A queued statement that fails makes the commit
+// fail: nothing of the handler is recorded, and the event runs again. The
+// outbox queues its INSERT this way.
+func AtCommit(ctx context.Context, tx pgx.Tx, sql string, args ...any) bool {
+	r := runOf(ctx)
+	if r == nil || !r.deferring {
+		return false
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if r.tx == nil || r.tx != tx {
+		return false
+	}
+	r.queued = append(r.queued, queuedStmt{sql, args})
+	return true
 }
 
 // WithEvent returns a context that says a handler for key k is running in

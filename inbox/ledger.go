@@ -303,12 +303,14 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 
 	ttl := l.ttl(req)
 	start := time.Now()
-	res, err := runHandler(WithEvent(ctx, req.Key), conn, fn)
+	hctx, run := withEventAtCommit(ctx, req.Key)
+	res, err := runHandler(hctx, conn, fn)
 	if err != nil {
 		return Outcome{}, false, err
 	}
 	took := time.Since(start)
 	if err := l.commit(ctx, conn, func(b *pgx.Batch) {
+		run.flush(b)
 		l.store.queueInsertDone(b, req, ttl, res, took)
 	}); err != nil {
 		return Outcome{}, isKeyConflict(err), err
@@ -347,12 +349,14 @@ func (l *Ledger) takeOver(ctx context.Context, conn *pgx.Conn, req Request, fn T
 // written, and records fn's result (if any) with the commit.
 func (l *Ledger) runClaimed(ctx context.Context, conn *pgx.Conn, req Request, rec *Record, fn TxFunc) (Outcome, error) {
 	start := time.Now()
-	res, err := runHandler(WithEvent(ctx, req.Key), conn, fn)
+	hctx, run := withEventAtCommit(ctx, req.Key)
+	res, err := runHandler(hctx, conn, fn)
 	if err != nil {
 		return Outcome{}, err
 	}
 	took := time.Since(start)
 	if err := l.commit(ctx, conn, func(b *pgx.Batch) {
+		run.flush(b)
 		// An empty result needs no second write: the claimed row is
 		// already done, stamped at claim time.
 		if !res.IsZero() || l.cfg.RecordDuration {
@@ -378,7 +382,13 @@ func runHandler(ctx context.Context, conn *pgx.Conn, fn TxFunc) (res Result, err
 			rollback(conn)
 		}
 	}()
-	res, err = fn(ctx, &ownedTx{conn: conn})
+	tx := &ownedTx{conn: conn}
+	if r := runOf(ctx); r != nil && r.deferring {
+		r.mu.Lock()
+		r.tx = tx
+		r.mu.Unlock()
+	}
+	res, err = fn(ctx, tx)
 	err = handlerErr(conn.PgConn(), err)
 	if pc := conn.PgConn(); err == nil && !pc.IsClosed() && pc.TxStatus() == 'I' {
 		// COMMIT or ROLLBACK sent through Exec: the key's lock went with

@@ -147,6 +147,12 @@ type header struct {
 // returns their IDs in order. They are published after tx commits, never
 // if it rolls back. Add injects ctx's trace context into each message's
 // headers with otel.GetTextMapPropagator() (a no-op unless one is set).
+//
+// In a handler that Ledger.Do runs (the consumer's per-event path, the
+// HTTP bridge), with the transaction it was given, the INSERT is sent with
+// the ledger's commit instead of on its own (inbox.AtCommit): the message
+// costs no round trip, and an INSERT that fails fails the commit.
+// Elsewhere (batches, savepoints, DoTx, plain pgx) Add runs it at once.
 func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string, error) {
 	if tx == nil {
 		return nil, errors.New("justonce/outbox: nil tx")
@@ -201,8 +207,13 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string,
 	}
 	var err error
 	if n == 1 {
-		_, err = tx.Exec(ctx, `INSERT INTO `+o.table+` (id, lane, broker, topic, key, headers, value) VALUES ($1, $2, $3, $4, $5, $6, $7)`,
-			ids[0], lanes[0], brokers[0], topics[0], keys[0], jsonOrNil(hdrs[0]), values[0])
+		sql := `INSERT INTO ` + o.table + ` (id, lane, broker, topic, key, headers, value) VALUES ($1, $2, $3, $4, $5, $6, $7)`
+		args := []any{ids[0], lanes[0], brokers[0], topics[0], keys[0], jsonOrNil(hdrs[0]), values[0]}
+		// Inside a handler of Ledger.Do the INSERT travels with the
+		// ledger's commit: no round trip of its own.
+		if !inbox.AtCommit(ctx, tx, sql, args...) {
+			_, err = tx.Exec(ctx, sql, args...)
+		}
 	} else {
 		hv := make([]*string, n)
 		for i, h := range hdrs {
@@ -211,9 +222,12 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string,
 				hv[i] = &s
 			}
 		}
-		_, err = tx.Exec(ctx, `INSERT INTO `+o.table+` (id, lane, broker, topic, key, headers, value)
-SELECT id, lane, broker, topic, key, headers, value FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::bytea[], $6::jsonb[], $7::bytea[]) WITH ORDINALITY AS m(id, lane, broker, topic, key, headers, value, ord) ORDER BY ord`,
-			ids, lanes, brokers, topics, keys, hv, values)
+		sql := `INSERT INTO ` + o.table + ` (id, lane, broker, topic, key, headers, value)
+SELECT id, lane, broker, topic, key, headers, value FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::bytea[], $6::jsonb[], $7::bytea[]) WITH ORDINALITY AS m(id, lane, broker, topic, key, headers, value, ord) ORDER BY ord`
+		args := []any{ids, lanes, brokers, topics, keys, hv, values}
+		if !inbox.AtCommit(ctx, tx, sql, args...) {
+			_, err = tx.Exec(ctx, sql, args...)
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("justonce/outbox: add: %w", err)
