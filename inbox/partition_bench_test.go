@@ -60,8 +60,9 @@ $$`)
 
 // BenchmarkClaimBucketsVsPlain: Do with a one-insert handler on a plain
 // ledger and on a time-bucket ledger (MaxTTL = JUSTONCE_BENCH_BUCKETS_PER_TTL
-// buckets, default 4: a claim checks 5 buckets holding rows and
-// JUSTONCE_BENCH_AHEAD empty ones ahead, default 2), each holding
+// buckets, default migrations.DefaultBucketsPerTTL (6): a claim checks 7
+// buckets holding rows and JUSTONCE_BENCH_AHEAD empty ones ahead, default
+// 2), each holding
 // JUSTONCE_BENCH_ROWS live rows (default 1 million), alternating rounds in
 // one run. Target: ratio ≥ 0.95.
 func BenchmarkClaimBucketsVsPlain(b *testing.B) {
@@ -70,7 +71,7 @@ func BenchmarkClaimBucketsVsPlain(b *testing.B) {
 		b.Run(fmt.Sprintf("conns=%d", workers), func(b *testing.B) {
 			plainPG, plain := benchLedger(b, migrations.Config{}, inbox.Config{}, int32(workers))
 			bulkLoad(b, plainPG, rows, false)
-			per := envInt("JUSTONCE_BENCH_BUCKETS_PER_TTL", 4)
+			per := envInt("JUSTONCE_BENCH_BUCKETS_PER_TTL", migrations.DefaultBucketsPerTTL)
 			const maxTTL = 40 * time.Minute
 			width := maxTTL / time.Duration(per)
 			bucketPG, buckets := benchLedger(b, migrations.Config{Layout: migrations.LayoutTimeBuckets,
