@@ -70,12 +70,24 @@ func txnProduce(t *testing.T, brokers []string, topic string, partition int, msg
 	binary.BigEndian.PutUint32(batch[53:], 0)
 	binary.BigEndian.PutUint32(batch[17:], crc32.Checksum(batch[21:], crc32.MakeTable(crc32.Castagnoli)))
 
-	res, err := client.RawProduce(ctx, &kafka.RawProduceRequest{
-		Topic: topic, Partition: partition, RequiredAcks: kafka.RequireAll,
-		TransactionalID: txnID, RawRecords: protocol.RawRecordSet{Reader: bytes.NewReader(b)},
-	})
-	require.NoError(t, err)
-	require.NoError(t, res.Error)
+	// A topic just created may not have its leader known everywhere yet:
+	// retry the broker's retriable answers, for a bounded time.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		res, err := client.RawProduce(ctx, &kafka.RawProduceRequest{
+			Topic: topic, Partition: partition, RequiredAcks: kafka.RequireAll,
+			TransactionalID: txnID, RawRecords: protocol.RawRecordSet{Reader: bytes.NewReader(b)},
+		})
+		if err == nil {
+			err = res.Error
+		}
+		var ke kafka.Error
+		if err == nil || !errors.As(err, &ke) || !ke.Temporary() || time.Now().After(deadline) {
+			require.NoError(t, err)
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 
 	end, err := client.EndTxn(ctx, &kafka.EndTxnRequest{TransactionalID: txnID, ProducerID: pid.ProducerID, ProducerEpoch: pid.ProducerEpoch, Committed: true})
 	require.NoError(t, err)
