@@ -677,3 +677,63 @@ func TestBucketsDoRacesADrop(t *testing.T) {
 	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'held'`))
 	require.Equal(t, 2, b.pg.Count(t, `SELECT count(*) FROM payments WHERE id LIKE 'held-%'`))
 }
+
+// A row written for the key without its lock, in the bucket the claim
+// writes to (an operator's INSERT): the claim's INSERT meets it, the
+// transaction and the handler's effect roll back, and the claim made again
+// finds the row, as on the plain table. (In another bucket nothing would
+// meet it: on this layout the key's lock alone keeps a key to one row.)
+func TestBucketsRowWrittenWithoutTheLock(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Minute, 2*time.Minute)
+	ctx := context.Background()
+	runs := 0
+	out, err := b.ledger.Do(ctx, req("orders", "sneak"), func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+		runs++
+		if runs == 1 {
+			var bucket time.Time
+			require.NoError(t, tx.QueryRow(ctx, `SELECT date_bin(width, now(), 'epoch') FROM processed_events_layout`).Scan(&bucket))
+			_, err := b.pg.Pool.Exec(ctx, `INSERT INTO processed_events (scope, tenant, event_id, status, source, expires_at, bucket)
+				VALUES ('orders', '', 'sneak', 'failed', 'other', now() + interval '1 minute', $1)`, bucket)
+			require.NoError(t, err)
+		}
+		return pay("p-sneak", nil)(ctx, tx)
+	})
+	require.NoError(t, err)
+	require.Equal(t, 1, runs, "the second claim finds the row and does not run the handler")
+	require.Equal(t, inbox.Duplicate, out.Disposition)
+	require.Equal(t, inbox.StatusFailed, out.Record.Status)
+	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM payments`), "the handler's effect rolled back")
+	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'sneak'`))
+}
+
+// DoBatch takes over expired rows in older buckets by moving them, next to
+// new keys written with the commit.
+func TestBucketsBatchTakesOverAcrossBuckets(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Second, 3*time.Second)
+	ctx := context.Background()
+	short := func(id string) inbox.Request {
+		r := req("orders", id)
+		r.TTL = 200 * time.Millisecond
+		return r
+	}
+	_, err := b.ledger.DoBatch(ctx, []inbox.Request{short("old-1"), short("old-2")}, batchNoop)
+	require.NoError(t, err)
+	var oldBucket time.Time
+	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT max(bucket) FROM processed_events`).Scan(&oldBucket))
+	testsvc.Eventually(t, 10*time.Second, func() bool { return time.Now().After(oldBucket.Add(1200 * time.Millisecond)) }, "a later bucket")
+	var ran atomic.Int64
+	outs, err := b.ledger.DoBatch(ctx, []inbox.Request{short("old-1"), short("new"), short("old-2")},
+		func(ctx context.Context, tx pgx.Tx, fresh []int) ([]inbox.Result, error) {
+			ran.Add(int64(len(fresh)))
+			return nil, nil
+		})
+	require.NoError(t, err)
+	for i, o := range outs {
+		require.Equal(t, inbox.Executed, o.Disposition, i)
+	}
+	require.EqualValues(t, 3, ran.Load())
+	require.Equal(t, 3, b.pg.Count(t, `SELECT count(*) FROM processed_events`), "one row per key")
+	require.Equal(t, 3, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE bucket > $1`, oldBucket), "all in a newer bucket")
+}
