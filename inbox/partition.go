@@ -11,11 +11,14 @@ import (
 )
 
 // The time-bucket layout (migrations.LayoutTimeBuckets): processed_events is
-// partitioned by the bucket of each row's claim time. Claims and failures go
-// through SQL functions the migration creates, which take the key's
-// advisory lock before they look for the key in every bucket; the janitor
-// creates buckets ahead and drops the ones whose rows have all expired.
-// docs/RETENTION.md has the reasoning.
+// partitioned by the bucket of each row's claim time. Do and DoBatch claim as
+// on the plain layout (the key's advisory lock, then a look-up over every
+// bucket in a statement of its own, then the row written with the commit
+// into the current bucket); the other claims and failures go through SQL
+// functions the migration creates, which take the key's lock before they
+// look for the key in every bucket and move a row they take over to the
+// current bucket. The janitor creates buckets ahead and drops the ones whose
+// rows have all expired. docs/RETENTION.md has the reasoning.
 
 // detect finds out the table's layout, once: the statements that differ
 // (claims, failures, the janitor) are switched before first use.
