@@ -244,7 +244,9 @@ func TestLayoutsJanitor(t *testing.T) {
 	t.Parallel()
 	forLayouts(t, func(t *testing.T, mc migrations.Config) {
 		if mc.Layout != migrations.LayoutPlain { // buckets that go quickly
-			mc.BucketWidth, mc.MaxTTL = time.Second, 2*time.Second
+			// Buckets ahead for 8 s: a loaded machine may take longer than
+			// 2 s (the default's two buckets) between two purges below.
+			mc.BucketWidth, mc.MaxTTL, mc.BucketsAhead = time.Second, 2*time.Second, 8
 		}
 		b := setupLayout(t, mc, inbox.Config{DefaultTTL: 2 * time.Second})
 		ctx := context.Background()

@@ -57,9 +57,11 @@ type Config struct {
 	Layout Layout
 	// MaxTTL is the longest TTL a time-bucket ledger accepts. Default 24h.
 	MaxTTL time.Duration
-	// BucketWidth is the time span of one bucket. Default MaxTTL/4: a claim
-	// checks MaxTTL/BucketWidth+1 buckets, and the table's size swings by
-	// one bucket around its mean.
+	// BucketWidth is the time span of one bucket, whole seconds. Default
+	// MaxTTL/DefaultBucketsPerTTL (MaxTTL/6) rounded down to whole seconds:
+	// a claim looks the key up in MaxTTL/BucketWidth+1 buckets plus the
+	// ones ahead, and the table's size swings by half a bucket around its
+	// mean.
 	BucketWidth time.Duration
 	// BucketsAhead is how many buckets past the current one exist at any
 	// time (the janitor keeps them). Default 2.

@@ -24,7 +24,7 @@ skip='^$'
 if [[ ${JUSTONCE_BENCH_SMALL:-} == 1 ]]; then
   export JUSTONCE_BENCH_ROWS=${JUSTONCE_BENCH_ROWS:-20000}
   export JUSTONCE_BENCH_EXPIRED=${JUSTONCE_BENCH_EXPIRED:-20000}
-  export JUSTONCE_BENCH_DAY_S=${JUSTONCE_BENCH_DAY_S:-4} # buckets of a quarter day: whole seconds
+  export JUSTONCE_BENCH_DAY_S=${JUSTONCE_BENCH_DAY_S:-4} # short days; the bucket width rounds to whole seconds
   export JUSTONCE_BENCH_RATE=${JUSTONCE_BENCH_RATE:-100}
 elif [[ ${JUSTONCE_BENCH_SCALE:-} == 1 ]]; then
   export JUSTONCE_BENCH_ROWS=${JUSTONCE_BENCH_ROWS:-10000000}
