@@ -143,7 +143,10 @@ func (c *Consumer) runConsume(ctx, pctx context.Context, startDrain func(), cons
 	size := max(1, c.cfg.BatchSize)
 	jobs := make(chan jetstream.Msg, size-1) // a batch's worth waiting beside the one a worker takes
 	draining := make(chan struct{})
-	stopping, stopAll := context.WithCancel(context.Background())
+	// stopping ends as soon as ctx does (synchronously, so that a batch in
+	// progress starts no further message once the caller has stopped), or
+	// when the subscription closes.
+	stopping, stopAll := context.WithCancel(ctx)
 	defer stopAll()
 	var wg sync.WaitGroup
 	for range c.cfg.Concurrency {
