@@ -3,6 +3,7 @@ package kafkainbox_test
 import (
 	"context"
 	"encoding/binary"
+	"os"
 	"slices"
 	"sync/atomic"
 	"testing"
@@ -157,7 +158,7 @@ func BenchmarkLatencyLowLoad(b *testing.B) {
 		return err
 	}
 	var latBare, latWrapped []time.Duration
-	for i := 0; i < b.N; i++ {
+	for i := 0; i < b.N*latencyRounds(); i++ {
 		if i%2 == 0 {
 			latBare = append(latBare, pacedLatency(b, brokers, pg, insert, false, ledger)...)
 			latWrapped = append(latWrapped, pacedLatency(b, brokers, pg, insert, true, ledger)...)
@@ -259,4 +260,14 @@ func pacedLatency(b *testing.B, brokers []string, pg *testsvc.PG, insert func(co
 		}
 	}
 	return out
+}
+
+// latencyRounds is how many rounds the low-load latency benchmark runs per
+// iteration, whatever -benchtime says: a p99 needs samples (6 rounds; 1
+// with JUSTONCE_BENCH_SMALL, which only keeps the benchmark from rotting).
+func latencyRounds() int {
+	if os.Getenv("JUSTONCE_BENCH_SMALL") != "" {
+		return 1
+	}
+	return 6
 }
