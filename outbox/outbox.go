@@ -205,15 +205,11 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string,
 			hdrs[i] = b
 		}
 	}
-	var err error
+	var sql string
+	var args []any
 	if n == 1 {
-		sql := `INSERT INTO ` + o.table + ` (id, lane, broker, topic, key, headers, value) VALUES ($1, $2, $3, $4, $5, $6, $7)`
-		args := []any{ids[0], lanes[0], brokers[0], topics[0], keys[0], jsonOrNil(hdrs[0]), values[0]}
-		// Inside a handler of Ledger.Do the INSERT travels with the
-		// ledger's commit: no round trip of its own.
-		if !inbox.AtCommit(ctx, tx, sql, args...) {
-			_, err = tx.Exec(ctx, sql, args...)
-		}
+		sql = `INSERT INTO ` + o.table + ` (id, lane, broker, topic, key, headers, value) VALUES ($1, $2, $3, $4, $5, $6, $7)`
+		args = []any{ids[0], lanes[0], brokers[0], topics[0], keys[0], jsonOrNil(hdrs[0]), values[0]}
 	} else {
 		hv := make([]*string, n)
 		for i, h := range hdrs {
@@ -222,14 +218,16 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string,
 				hv[i] = &s
 			}
 		}
-		sql := `INSERT INTO ` + o.table + ` (id, lane, broker, topic, key, headers, value)
+		sql = `INSERT INTO ` + o.table + ` (id, lane, broker, topic, key, headers, value)
 SELECT id, lane, broker, topic, key, headers, value FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::bytea[], $6::jsonb[], $7::bytea[]) WITH ORDINALITY AS m(id, lane, broker, topic, key, headers, value, ord) ORDER BY ord`
-		args := []any{ids, lanes, brokers, topics, keys, hv, values}
-		if !inbox.AtCommit(ctx, tx, sql, args...) {
-			_, err = tx.Exec(ctx, sql, args...)
-		}
+		args = []any{ids, lanes, brokers, topics, keys, hv, values}
 	}
-	if err != nil {
+	// Inside a handler of Ledger.Do the INSERT travels with the ledger's
+	// commit: no round trip of its own.
+	if inbox.AtCommit(ctx, tx, sql, args...) {
+		return ids, nil
+	}
+	if _, err := tx.Exec(ctx, sql, args...); err != nil {
 		return nil, fmt.Errorf("justonce/outbox: add: %w", err)
 	}
 	return ids, nil
