@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/internal/offsets"
 )
 
 // Consumer is one member of a Kafka consumer group whose handler runs once
@@ -157,7 +158,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 type session struct {
 	c        *Consumer
 	cl       *kgo.Client
-	tr       *tracker
+	tr       *offsets.Tracker[topicPartition]
 	stopping context.Context    // ends when Run's context ends: no new attempts
 	stop     context.CancelFunc // ends stopping
 	procCtx  context.Context
@@ -170,6 +171,12 @@ type session struct {
 
 	mu    sync.Mutex
 	parts map[topicPartition]*part
+}
+
+// topicPartition names one partition.
+type topicPartition struct {
+	topic     string
+	partition int32
 }
 
 // part is one assigned partition: its lanes and the contexts its attempts
@@ -198,7 +205,7 @@ func (c *Consumer) newSession(ctx context.Context) *session {
 	stopping, stop := context.WithCancel(context.WithoutCancel(ctx))
 	return &session{
 		c:        c,
-		tr:       newTracker(),
+		tr:       offsets.NewTracker[topicPartition](),
 		stopping: stopping,
 		stop:     stop,
 		procCtx:  procCtx,
@@ -282,8 +289,8 @@ func (s *session) poll(ctx context.Context) {
 			if r.Attrs.IsControl() {
 				// A transaction marker: nothing to run.
 				tp := topicPartition{r.Topic, r.Partition}
-				s.tr.fetched(tp, r.Offset)
-				s.tr.done(tp, r.Offset)
+				s.tr.Fetched(tp, r.Offset)
+				s.tr.Done(tp, r.Offset)
 				return
 			}
 			got++
@@ -330,7 +337,7 @@ func (s *session) enqueue(r *kgo.Record) {
 		}
 		bucket = int(h % n)
 	}
-	s.tr.fetched(tp, r.Offset)
+	s.tr.Fetched(tp, r.Offset)
 	m := fromRecord(r)
 
 	s.mu.Lock()
@@ -517,7 +524,7 @@ func (s *session) handleBatch(p *part, events []*consumer.Message) {
 // one stays pending: its offset is never committed by this member.
 func (s *session) settle(m *consumer.Message, d consumer.Decision) {
 	if d.Action == consumer.Ack {
-		s.tr.done(topicPartition{m.Topic, int32(m.Partition)}, m.Offset)
+		s.tr.Done(topicPartition{m.Topic, int32(m.Partition)}, m.Offset)
 	}
 }
 
@@ -626,7 +633,7 @@ func (s *session) commitAndForget(ctx context.Context, cl *kgo.Client, gone map[
 	if commit {
 		s.commitLocked(ctx, cl, gone)
 	}
-	s.tr.forget(gone)
+	s.tr.Forget(gone)
 }
 
 // commit commits, for each partition (of only, when not nil), the offset
@@ -641,7 +648,7 @@ func (s *session) commit(ctx context.Context, cl *kgo.Client, only map[topicPart
 
 // commitLocked is commit with s.commitMu held.
 func (s *session) commitLocked(ctx context.Context, cl *kgo.Client, only map[topicPartition]bool) {
-	offs := s.tr.committable(only)
+	offs := s.tr.Committable(only)
 	if len(offs) == 0 {
 		return
 	}
@@ -672,7 +679,7 @@ func (s *session) commitLocked(ctx context.Context, cl *kgo.Client, only map[top
 			}
 		}
 	})
-	s.tr.committed(ok)
+	s.tr.Committed(ok)
 	if len(errs) > 0 && ctx.Err() == nil {
 		s.c.log.WarnContext(ctx, "justonce franz: offset commit failed; will retry (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "err", errors.Join(errs...))
 	}

@@ -12,6 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/internal/offsets"
 )
 
 // Consumer is one member of a Kafka consumer group whose handler runs once
@@ -168,7 +169,7 @@ type session struct {
 	c        *Consumer
 	reader   *kafka.Reader
 	ctl      *controlChecker
-	tr       *tracker
+	tr       *offsets.Tracker[topicPartition]
 	stopping context.Context    // ends when Run's context ends: no new attempts
 	stop     context.CancelFunc // ends stopping
 	procCtx  context.Context
@@ -180,6 +181,12 @@ type session struct {
 
 	mu    sync.Mutex
 	lanes map[laneKey]*lane
+}
+
+// topicPartition names one partition.
+type topicPartition struct {
+	topic     string
+	partition int
 }
 
 // laneKey names the messages that must run in order: a partition, or a
@@ -207,7 +214,7 @@ func (c *Consumer) newSession(ctx context.Context, r *kafka.Reader, rc kafka.Rea
 		c:        c,
 		reader:   r,
 		ctl:      newControlChecker(rc.Brokers, rc.Dialer),
-		tr:       newTracker(),
+		tr:       offsets.NewTracker[topicPartition](),
 		stopping: stopping,
 		stop:     stop,
 		procCtx:  procCtx,
@@ -286,7 +293,7 @@ func (s *session) fetch(ctx context.Context) {
 			continue
 		}
 		failing = false
-		s.tr.fetched(topicPartition{km.Topic, km.Partition}, km.Offset)
+		s.tr.Fetched(topicPartition{km.Topic, km.Partition}, km.Offset)
 		s.enqueue(s.route(km), fromKafka(km))
 	}
 }
@@ -461,7 +468,7 @@ func (s *session) handle(m *consumer.Message) {
 	case !ok:
 		return // stopping: left pending
 	case marker:
-		s.tr.done(topicPartition{m.Topic, m.Partition}, m.Offset)
+		s.tr.Done(topicPartition{m.Topic, m.Partition}, m.Offset)
 		return
 	}
 	s.inSlot(func(wait func(context.Context, time.Duration) error) {
@@ -482,7 +489,7 @@ func (s *session) handleBatch(batch []*consumer.Message) {
 		case !ok:
 			return // stopping: the rest is left pending
 		case marker:
-			s.tr.done(topicPartition{m.Topic, m.Partition}, m.Offset)
+			s.tr.Done(topicPartition{m.Topic, m.Partition}, m.Offset)
 		default:
 			events = append(events, m)
 		}
@@ -539,7 +546,7 @@ func (s *session) marker(m *consumer.Message) (marker, ok bool) {
 // one stays pending: its offset is never committed by this member.
 func (s *session) settle(m *consumer.Message, d consumer.Decision) {
 	if d.Action == consumer.Ack {
-		s.tr.done(topicPartition{m.Topic, m.Partition}, m.Offset)
+		s.tr.Done(topicPartition{m.Topic, m.Partition}, m.Offset)
 	}
 }
 
@@ -562,7 +569,7 @@ func (s *session) commitLoop(ctx context.Context) {
 // away) is logged and tried again next time: the offsets stay where they
 // were, so messages may come again, and the ledger skips them.
 func (s *session) commit(ctx context.Context) {
-	offs := s.tr.committable()
+	offs := s.tr.Committable(nil)
 	if len(offs) == 0 {
 		return
 	}
@@ -578,5 +585,5 @@ func (s *session) commit(ctx context.Context) {
 		s.c.log.WarnContext(ctx, "justonce kafka: offset commit failed; will retry (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "err", err)
 		return
 	}
-	s.tr.committed(offs)
+	s.tr.Committed(offs)
 }

@@ -1,29 +1,37 @@
-package franzinbox
+// Package offsets tracks, per Kafka partition, the offset a consumer
+// group member may safely commit. The Kafka fronts (kafkainbox on
+// kafka-go, franzinbox on franz-go) share it.
+//
+// A Tracker is generic over its partition key K, and never looks inside
+// it: each front keys it by its own topic/partition struct, built from
+// its client's records as they come (kafka-go numbers partitions with
+// int, franz-go with int32), so no conversion runs per message.
+package offsets
 
 import (
 	"container/heap"
 	"sync"
 )
 
-// topicPartition names one partition.
-type topicPartition struct {
-	topic     string
-	partition int32
-}
-
-// tracker computes, per partition, the offset that is safe to commit: the
+// Tracker computes, per partition, the offset that is safe to commit: the
 // lowest offset fetched and not yet done, or one past the highest done
 // offset when nothing is pending. Every offset below it has been processed
 // (by this member, or by whoever committed the offset a generation started
 // from), so committing it never skips an unprocessed message.
 //
-// A partition's state is forgotten when the partition is revoked (after
-// its last commit), so that a later assignment of it starts afresh from
-// the group's committed offset. Pending offsets are counted, not flagged,
-// so that a copy fetched twice is safe too.
-type tracker struct {
+// Offsets may be fetched more than once and out of order: after a
+// rebalance a client may restart a partition from its committed offset
+// while older copies are still in flight. Pending offsets are therefore
+// counted, not flagged, so that a copy fetched twice is safe too.
+//
+// A partition's state can be forgotten when the partition is revoked
+// (after its last commit), so that a later assignment of it starts afresh
+// from the group's committed offset.
+//
+// A Tracker is safe for concurrent use.
+type Tracker[K comparable] struct {
 	mu    sync.Mutex
-	parts map[topicPartition]*partitionTrack
+	parts map[K]*partitionTrack
 }
 
 type partitionTrack struct {
@@ -33,11 +41,12 @@ type partitionTrack struct {
 	committed int64         // last offset committed by us, -1 when none
 }
 
-func newTracker() *tracker {
-	return &tracker{parts: map[topicPartition]*partitionTrack{}}
+// NewTracker returns an empty Tracker.
+func NewTracker[K comparable]() *Tracker[K] {
+	return &Tracker[K]{parts: map[K]*partitionTrack{}}
 }
 
-func (t *tracker) part(tp topicPartition) *partitionTrack {
+func (t *Tracker[K]) part(tp K) *partitionTrack {
 	p, ok := t.parts[tp]
 	if !ok {
 		p = &partitionTrack{pending: map[int64]int{}, maxDone: -1, committed: -1}
@@ -46,8 +55,8 @@ func (t *tracker) part(tp topicPartition) *partitionTrack {
 	return p
 }
 
-// fetched records that offset was handed to a worker.
-func (t *tracker) fetched(tp topicPartition, offset int64) {
+// Fetched records that offset of tp was handed to a worker.
+func (t *Tracker[K]) Fetched(tp K, offset int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	p := t.part(tp)
@@ -55,9 +64,10 @@ func (t *tracker) fetched(tp topicPartition, offset int64) {
 	heap.Push(&p.low, offset)
 }
 
-// done records that offset's message was acknowledged: its ledger
-// transaction committed, it was a duplicate, or it was dead-lettered.
-func (t *tracker) done(tp topicPartition, offset int64) {
+// Done records that the message at offset of tp was acknowledged: its
+// ledger transaction committed, it was a duplicate, or it was
+// dead-lettered.
+func (t *Tracker[K]) Done(tp K, offset int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	p := t.part(tp)
@@ -71,13 +81,13 @@ func (t *tracker) done(tp topicPartition, offset int64) {
 	}
 }
 
-// committable returns, for each partition (of only, when only is not nil)
+// Committable returns, for each partition (of only, when only is not nil)
 // whose safe offset moved past the last commit, the offset to commit (the
-// next one to read).
-func (t *tracker) committable(only map[topicPartition]bool) map[topicPartition]int64 {
+// next one to read). It returns nil when there is none.
+func (t *Tracker[K]) Committable(only map[K]bool) map[K]int64 {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	var out map[topicPartition]int64
+	var out map[K]int64
 	for tp, p := range t.parts {
 		if only != nil && !only[tp] {
 			continue
@@ -91,7 +101,7 @@ func (t *tracker) committable(only map[topicPartition]bool) map[topicPartition]i
 		}
 		if p.maxDone >= 0 && next > p.committed {
 			if out == nil {
-				out = map[topicPartition]int64{}
+				out = map[K]int64{}
 			}
 			out[tp] = next
 		}
@@ -99,8 +109,9 @@ func (t *tracker) committable(only map[topicPartition]bool) map[topicPartition]i
 	return out
 }
 
-// committed records a successful commit.
-func (t *tracker) committed(offsets map[topicPartition]int64) {
+// Committed records a successful commit of offsets; an offset below one
+// already committed for its partition is ignored.
+func (t *Tracker[K]) Committed(offsets map[K]int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for tp, off := range offsets {
@@ -110,8 +121,8 @@ func (t *tracker) committed(offsets map[topicPartition]int64) {
 	}
 }
 
-// forget drops the state of the partitions in tps.
-func (t *tracker) forget(tps map[topicPartition]bool) {
+// Forget drops the state of the partitions in tps.
+func (t *Tracker[K]) Forget(tps map[K]bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for tp := range tps {
