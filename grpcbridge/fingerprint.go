@@ -1,14 +1,13 @@
 package grpcbridge
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
 	"fmt"
-	"hash"
 
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
+
+	fp "github.com/justonce/justonce/internal/fingerprint"
 )
 
 // fingerprintVersion is the first byte of every gRPC fingerprint. Change
@@ -17,7 +16,8 @@ import (
 const fingerprintVersion = 1
 
 // fingerprint identifies a call's content: the version byte, then SHA-256
-// over length-prefixed fields: a tag, the full method name, the request's
+// over fields framed by a fingerprint.Builder with 8-byte lengths
+// (fingerprint.Uint64): a tag, the full method name, the request's
 // deterministic protobuf encoding (with the idempotency field cleared for
 // KeyFromMessage methods), and each of the method's FingerprintMetadata
 // keys with its values.
@@ -36,28 +36,11 @@ func fingerprint(full string, req any, m *method, md metadata.MD) ([]byte, error
 	if err != nil {
 		return nil, err
 	}
-	h := sha256.New()
-	field(h, []byte("justonce-grpc-fp"))
-	field(h, []byte(full))
-	field(h, body)
+	b := fp.NewBuilder(fp.Uint64, "justonce-grpc-fp")
+	b.String(full)
+	b.Bytes(body)
 	for _, k := range m.FingerprintMetadata {
-		vs := md.Get(k)
-		field(h, []byte(k))
-		writeLen(h, len(vs))
-		for _, v := range vs {
-			field(h, []byte(v))
-		}
+		b.Values(k, md.Get(k))
 	}
-	return h.Sum([]byte{fingerprintVersion}), nil
-}
-
-func field(h hash.Hash, b []byte) {
-	writeLen(h, len(b))
-	h.Write(b)
-}
-
-func writeLen(h hash.Hash, n int) {
-	var buf [8]byte
-	binary.BigEndian.PutUint64(buf[:], uint64(n))
-	h.Write(buf[:])
+	return b.Sum(fingerprintVersion), nil
 }

@@ -5,12 +5,12 @@
 // other body raw) and chosen headers. Two requests that mean the same get
 // the same fingerprint; a known key with another fingerprint is a
 // mismatch.
+//
+// The framing (a version byte, then SHA-256 over length-prefixed fields)
+// is Builder's, which the gRPC bridge uses for its own fingerprints too.
 package fingerprint
 
 import (
-	"crypto/sha256"
-	"encoding/binary"
-	"hash"
 	"mime"
 	"net/http"
 	"net/url"
@@ -31,39 +31,34 @@ const (
 )
 
 // Request identifies a request's content: version byte, then SHA-256
-// over length-prefixed fields: method, path, query (sorted), media type,
-// body mode and body (canonical JSON, sorted form fields, or raw), and each
-// of headers' lower-cased name and values. body is the request's body,
-// already read. The result is 33 bytes.
+// over fields framed by a Builder with Uvarint lengths: a tag, method,
+// path, query (sorted), media type, body mode and body (canonical JSON,
+// sorted form fields, or raw), and each of headers' lower-cased name and
+// values. body is the request's body, already read. The result is 33
+// bytes.
 func Request(r *http.Request, body []byte, headers []string) []byte {
-	h := sha256.New()
-	field(h, "justonce-http-fp")
-	field(h, r.Method)
-	field(h, r.URL.Path)
+	b := NewBuilder(Uvarint, "justonce-http-fp")
+	b.String(r.Method)
+	b.String(r.URL.Path)
 	q := r.URL.RawQuery
 	if vals, err := url.ParseQuery(q); err == nil {
 		q = vals.Encode()
 	}
-	field(h, q)
+	b.String(q)
 
 	media, _, err := mime.ParseMediaType(r.Header.Get("Content-Type"))
 	if err != nil {
 		media = strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Type")))
 	}
-	field(h, media)
+	b.String(media)
 	mode, canon := canonicalBody(media, body)
-	field(h, string(rune(mode)))
-	fieldBytes(h, canon)
+	b.String(string(rune(mode)))
+	b.Bytes(canon)
 
 	for _, name := range headers {
-		vals := r.Header.Values(name)
-		field(h, strings.ToLower(name))
-		writeLen(h, len(vals))
-		for _, v := range vals {
-			field(h, v)
-		}
+		b.Values(strings.ToLower(name), r.Header.Values(name))
 	}
-	return h.Sum([]byte{Version})
+	return b.Sum(Version)
 }
 
 // canonicalBody picks the body's canonical form by media type.
@@ -81,19 +76,4 @@ func canonicalBody(media string, body []byte) (byte, []byte) {
 		}
 	}
 	return modeRaw, body
-}
-
-func writeLen(h hash.Hash, n int) {
-	var b [binary.MaxVarintLen64]byte
-	h.Write(b[:binary.PutUvarint(b[:], uint64(n))])
-}
-
-func field(h hash.Hash, s string) {
-	writeLen(h, len(s))
-	h.Write([]byte(s))
-}
-
-func fieldBytes(h hash.Hash, b []byte) {
-	writeLen(h, len(b))
-	h.Write(b)
 }
