@@ -78,20 +78,80 @@ func BenchmarkClaimBucketsVsPlain(b *testing.B) {
 				BucketWidth: width, MaxTTL: maxTTL, BucketsAhead: envInt("JUSTONCE_BENCH_AHEAD", 2)},
 				inbox.Config{DefaultTTL: maxTTL}, int32(workers))
 			bucketLoad(b, bucketPG, rows, maxTTL, 0, width, "b + interval '40 minutes'")
-			do := func(l *inbox.Ledger, tag string) func(round, i int) error {
-				return func(round, i int) error {
-					id := tag + strconv.Itoa(round) + "-" + strconv.Itoa(i)
-					_, err := l.Do(context.Background(), inbox.Request{Key: inbox.Key{Scope: "claims", ID: id}},
-						func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
-							_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, id)
-							return inbox.Result{}, err
-						})
-					return err
-				}
-			}
 			b.ResetTimer()
-			compare(b, workers, 4000, do(plain, "p"), do(buckets, "b"))
+			compare(b, workers, 4000, claimDo(plain, "p"), claimDo(buckets, "b"))
 		})
+	}
+}
+
+// BenchmarkClaimProbes: what a claim costs per bucket it looks the key up
+// in. Do with a one-insert handler on a plain ledger (the baseline) and, on
+// one time-bucket ledger loaded as in BenchmarkClaimBucketsVsPlain, five
+// ways: as built (the look-up over the partitioned table: every bucket),
+// every bucket's table named in the statement (UNION ALL), and only the
+// current bucket's table plus the 0, 1 or 2 before it (rows in other
+// buckets are not seen, so those three are measurements, not ledgers). All
+// six alternate in one run; each reports its throughput ratio to the plain
+// ledger.
+func BenchmarkClaimProbes(b *testing.B) {
+	rows := envInt("JUSTONCE_BENCH_ROWS", 1_000_000)
+	for _, workers := range []int{1, 8} {
+		b.Run(fmt.Sprintf("conns=%d", workers), func(b *testing.B) {
+			ctx := context.Background()
+			plainPG, plain := benchLedger(b, migrations.Config{}, inbox.Config{}, int32(workers))
+			bulkLoad(b, plainPG, rows, false)
+			const maxTTL = 40 * time.Minute
+			width := maxTTL / migrations.DefaultBucketsPerTTL
+			bucketPG, parent := benchLedger(b, migrations.Config{Layout: migrations.LayoutTimeBuckets,
+				BucketWidth: width, MaxTTL: maxTTL}, inbox.Config{DefaultTTL: maxTTL}, int32(workers))
+			bucketLoad(b, bucketPG, rows, maxTTL, 0, width, "b + interval '40 minutes'")
+			// Every bucket, and the ones up to now's, newest first.
+			var all, names []string
+			require.NoError(b, bucketPG.Pool.QueryRow(ctx, `SELECT array_agg(c.relname::text ORDER BY c.relname DESC),
+					array_agg(c.relname::text ORDER BY c.relname DESC)
+						FILTER (WHERE substring(c.relname FROM '_p([0-9]+)$')::bigint <= extract(epoch FROM now()))
+				FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+				WHERE i.inhparent = 'processed_events'::regclass`).Scan(&all, &names))
+			require.GreaterOrEqual(b, len(names), 3)
+			variants := []func(round, i int) error{claimDo(plain, "p"), claimDo(parent, "a")}
+			for n := 0; n <= 3; n++ {
+				probe := names[:n]
+				if n == 0 {
+					probe = all
+				}
+				l, err := inbox.New(bucketPG.Pool, inbox.Config{DefaultTTL: maxTTL})
+				require.NoError(b, err)
+				require.NoError(b, l.ProbeOnly(ctx, probe, names[0]))
+				variants = append(variants, claimDo(l, fmt.Sprintf("n%d-", n)))
+			}
+			rounds, perRound := sized(40, 2), sized(100, 20)
+			var took [][]time.Duration
+			b.ResetTimer()
+			for n := 0; n < b.N; n++ {
+				took = interleave(b, workers, n*rounds, rounds, perRound, variants...)
+			}
+			b.StopTimer()
+			b.ReportMetric(rate(took[0], perRound), "plain-ops/s")
+			b.ReportMetric(speedRatio(took[1], took[0]), "as-built-ratio")
+			b.ReportMetric(speedRatio(took[2], took[0]), "all-named-ratio")
+			for n := 1; n <= 3; n++ {
+				b.ReportMetric(speedRatio(took[n+2], took[0]), fmt.Sprintf("%d-probe-ratio", n))
+			}
+		})
+	}
+}
+
+// claimDo is Do with a handler that inserts one payment, on keys tagged
+// tag.
+func claimDo(l *inbox.Ledger, tag string) func(round, i int) error {
+	return func(round, i int) error {
+		id := tag + strconv.Itoa(round) + "-" + strconv.Itoa(i)
+		_, err := l.Do(context.Background(), inbox.Request{Key: inbox.Key{Scope: "claims", ID: id}},
+			func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+				_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, id)
+				return inbox.Result{}, err
+			})
+		return err
 	}
 }
 
