@@ -71,12 +71,13 @@ func testLost(t *testing.T, release bool) {
 	// A's log: the lost callback's first line is stamped on seq, and
 	// whether the held handler was running at that instant is noted.
 	var (
-		logs        testsvc.LogBuffer
-		lostSeq     atomic.Int64
-		heldRunning atomic.Bool
-		heldAtLoss  atomic.Bool
-		lostEntered = make(chan struct{})
-		lostOnce    sync.Once
+		logs          testsvc.LogBuffer
+		lostSeq       atomic.Int64
+		heldRunning   atomic.Bool
+		heldCancelled atomic.Bool
+		heldAtLoss    atomic.Bool
+		lostEntered   = make(chan struct{})
+		lostOnce      sync.Once
 	)
 	logA := slog.New(&hookHandler{
 		Handler: slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}),
@@ -85,7 +86,9 @@ func testLost(t *testing.T, release bool) {
 				return
 			}
 			lostOnce.Do(func() {
-				heldAtLoss.Store(heldRunning.Load())
+				// Running, or already cancelled by this callback: nothing
+				// else cancels it, A being cut off until now.
+				heldAtLoss.Store(heldRunning.Load() || heldCancelled.Load())
 				lostSeq.Store(seq.Add(1))
 				close(lostEntered)
 			})
@@ -152,6 +155,7 @@ func testLost(t *testing.T, release bool) {
 		case <-released:
 		case <-ctx.Done():
 			err = ctx.Err()
+			heldCancelled.Store(true)
 		}
 		heldRunning.Store(false)
 		heldErr <- err
@@ -231,9 +235,10 @@ func testLost(t *testing.T, release bool) {
 
 	// A's requests flow again: its heartbeat is refused and franz-go calls
 	// the lost callback, with the handler still held.
+	require.True(t, heldRunning.Load(), "A's handler of P is still in flight")
 	tap.thaw()
 	waitFor(t, lostEntered, 60*time.Second, "A's partitions are reported lost")
-	require.True(t, heldAtLoss.Load(), "A's handler of P was in flight when the lost callback began")
+	require.True(t, heldAtLoss.Load(), "A's handler of P was in flight when its partitions were reported lost")
 	if release {
 		releaseHeld()
 	}
