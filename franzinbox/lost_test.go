@@ -39,9 +39,11 @@ import (
 //
 // Every OffsetCommit A sends is read off the wire with the brokers' answer:
 // none of P is accepted from A once it was cut off, and A never asks to
-// commit P past the message its handler finished after the loss. Every
-// payment is made once (payments table and ledger), the group finishes the
-// topic, and A rejoins as a new member.
+// commit P past the message its handler finished after the loss (the
+// requests A still sends for P under its lost membership, which the
+// brokers refuse, are counted in the log). Every payment is made once
+// (payments table and ledger), the group finishes the topic, and A
+// rejoins as a new member.
 func TestLostPartitionsAreNotCommitted(t *testing.T) {
 	t.Parallel()
 	t.Run("HandlerFinishesAfterTheLoss", func(t *testing.T) {
@@ -69,7 +71,7 @@ func testLost(t *testing.T, release bool) {
 	tap := &wireTap{seq: &seq}
 
 	// A's log: the lost callback's first line is stamped on seq, and
-	// whether the held handler was running at that instant is noted.
+	// whether the held handler was in flight at that instant is noted.
 	var (
 		logs          testsvc.LogBuffer
 		lostSeq       atomic.Int64
