@@ -261,16 +261,24 @@ const maxConflictRetries = 3
 // conflict reports that the row's INSERT met a row written without the
 // lock (the transaction rolled back): claim again.
 func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, fn TxFunc) (out Outcome, conflict bool, err error) {
+	st, err := l.store.doStatements(ctx, conn, req.Key)
+	if err != nil {
+		return Outcome{}, false, storeErr("claim", err)
+	}
 	var locked bool
 	var now time.Time
 	var found bool
+	readCommitted, fresh := true, true
 	var ls recordScan
 	b := &pgx.Batch{}
 	b.Queue("BEGIN")
-	b.Queue(l.store.lockOneSQL, lockKey(req.Key)).QueryRow(func(row pgx.Row) error {
+	b.Queue(st.lock, lockKey(req.Key)).QueryRow(func(row pgx.Row) error {
+		if l.store.buckets {
+			return row.Scan(&locked, &now, &readCommitted, &fresh)
+		}
 		return row.Scan(&locked, &now)
 	})
-	b.Queue(l.store.lookupSQL, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
+	b.Queue(st.lookup, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
 		err := row.Scan(ls.dest()...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
@@ -280,7 +288,23 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 	})
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		rollback(conn)
+		if isStaleView(err) { // a bucket table the view named is gone
+			l.store.invalidateView()
+			return Outcome{}, true, storeErr("claim", err)
+		}
 		return Outcome{}, false, storeErr("claim", err)
+	}
+	if !readCommitted {
+		// The look-up's snapshot would predate the key's lock.
+		rollback(conn)
+		return Outcome{}, false, storeErr("claim", errNotReadCommitted)
+	}
+	if !fresh {
+		// The key's shard has a bucket newer than the view's: the look-up
+		// did not look there. Claim again with a fresh view.
+		endTx(ctx, conn)
+		l.store.invalidateView()
+		return Outcome{}, true, storeErr("claim", errStaleView)
 	}
 	var rec *Record
 	var live, leased bool
@@ -311,8 +335,12 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 	took := time.Since(start)
 	if err := l.commit(ctx, conn, func(b *pgx.Batch) {
 		run.flush(b)
-		l.store.queueInsertDone(b, req, ttl, res, took)
+		l.store.queueInsertDone(b, st.insert, req, ttl, res, took)
 	}); err != nil {
+		if isStaleView(err) { // the shard's bucket changed while fn ran
+			l.store.invalidateView()
+			return Outcome{}, true, err
+		}
 		return Outcome{}, isKeyConflict(err), err
 	}
 	created := now

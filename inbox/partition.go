@@ -2,23 +2,59 @@ package inbox
 
 import (
 	"context"
+	"crypto/md5"
+	"encoding/binary"
+	"errors"
 	"fmt"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The time-bucket layout (migrations.LayoutTimeBuckets): processed_events is
-// partitioned by the bucket of each row's claim time. Do and DoBatch claim as
-// on the plain layout (the key's advisory lock, then a look-up over every
-// bucket in a statement of its own, then the row written with the commit
-// into the current bucket); the other claims and failures go through SQL
-// functions the migration creates, which take the key's lock before they
-// look for the key in every bucket and move a row they take over to the
-// current bucket. The janitor creates buckets ahead and drops the ones whose
-// rows have all expired. docs/RETENTION.md has the reasoning.
+// partitioned into buckets, each holding keys of one shard (a hash of the
+// key). A shard writes into its newest bucket; the janitor opens a shard's
+// next bucket every width, at staggered times, and drops a bucket once
+// every row in it has expired. Do claims as on the plain layout (the key's
+// advisory lock, then a look-up in a statement of its own, then the row
+// written with the commit), but its look-up names the tables of the key's
+// shard only, from a view of the buckets the ledger keeps: normally two.
+// The other claims, DoBatch and failures go through the partitioned table
+// and the SQL functions the migration creates. docs/RETENTION.md has the
+// reasoning.
+
+// bucketView is the ledger's view of the buckets: for each shard, the
+// statements of Do's claim, which name that shard's bucket tables. It may
+// be stale; a stale view never lets a claim through: a bucket opened since
+// makes the claim's first statement answer "stale" (and the row's INSERT
+// fail, SQLSTATE JO001, if it opened while the handler ran), and a bucket
+// dropped since makes the look-up fail (42P01). Either way the claim is
+// made again with a fresh view.
+type bucketView struct {
+	loaded time.Time
+	shards []shardSQL
+}
+
+// shardSQL are Do's statements for one shard's keys.
+type shardSQL struct {
+	// lock takes the key's lock ($1) and returns now(), whether the
+	// transaction is READ COMMITTED, and whether the view's newest bucket
+	// of the shard is still its newest.
+	lock string
+	// lookup looks the key ($1, $2, $3) up in the shard's buckets.
+	lookup string
+	// insert writes the row into the shard's newest bucket, refusing
+	// (JO001) if it is no longer the newest.
+	insert string
+}
+
+// bucketViewMaxAge bounds how long a view is used without reloading; a
+// stale view is caught anyway (see bucketView), this only saves the
+// retry.
+const bucketViewMaxAge = 30 * time.Second
 
 // detect finds out the table's layout, once: the statements that differ
 // (claims, failures, the janitor) are switched before first use.
@@ -37,11 +73,12 @@ func (s *pgStore) detect(ctx context.Context, q querier) error {
 	}
 	if kind == "p" {
 		var width, maxTTL int64
-		if err := q.QueryRow(ctx, `SELECT extract(epoch FROM width)::bigint, extract(epoch FROM max_ttl)::bigint FROM `+
-			s.ident("processed_events_layout")).Scan(&width, &maxTTL); err != nil {
+		var shards int
+		if err := q.QueryRow(ctx, `SELECT extract(epoch FROM width)::bigint, extract(epoch FROM max_ttl)::bigint, shards FROM `+
+			s.ident("processed_events_layout")).Scan(&width, &maxTTL, &shards); err != nil {
 			return fmt.Errorf("ledger layout: %w", err)
 		}
-		s.useTimeBuckets(time.Duration(width)*time.Second, time.Duration(maxTTL)*time.Second)
+		s.useTimeBuckets(time.Duration(width)*time.Second, time.Duration(maxTTL)*time.Second, shards)
 	}
 	s.ready.Store(true)
 	return nil
@@ -49,44 +86,49 @@ func (s *pgStore) detect(ctx context.Context, q querier) error {
 
 // useTimeBuckets switches the statements that differ to the time-bucket
 // layout's. The others work on both.
-func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration) {
+func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 	s.buckets = true
-	oid := "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
-	r := strings.NewReplacer("{T}", s.table, "{OID}", oid, "{CLAIM}", s.ident("processed_events_claim"),
-		"{FAIL}", s.ident("processed_events_fail"),
-		"{W}", fmt.Sprintf("'%d seconds'::interval", int64(width/time.Second)),
+	s.shards = shards
+	s.width = width
+	s.oid = "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
+	r := strings.NewReplacer("{T}", s.table, "{OID}", s.oid, "{CLAIM}", s.ident("processed_events_claim"),
+		"{FAIL}", s.ident("processed_events_fail"), "{SHARD}", s.ident("processed_events_shard"),
+		"{BUCKETS}", s.ident("processed_events_buckets"),
 		"{MAXTTL_US}", strconv.FormatInt(maxTTL.Microseconds(), 10),
 		// The layout's failure function, called where it raises: past its
 		// TTL check, it takes a (blocking) advisory lock, then refuses any
 		// transaction stricter than READ COMMITTED.
 		"{REFUSE_RR}", s.ident("processed_events_fail")+"('', '', '', NULL, '', '', 0, '', 0, 0)")
 
-	// The write-once path (Do, DoBatch), as on the plain layout: the key's
-	// lock, then a look-up in a statement of its own, then the row, written
-	// complete with the commit into the bucket of the transaction's time.
-	// In READ COMMITTED the look-up's snapshot is taken after the lock is
-	// ours, so it sees every row an earlier holder committed, whatever its
-	// bucket; in a stricter isolation level it would not, and the lock
-	// statement refuses (SQLSTATE 0A000). A TTL past MaxTTL is refused by
-	// the row's INSERT (SQLSTATE 22023). Both refusals call the layout's
-	// functions, which raise them; nothing else calls a function.
+	// The write-once path's statements. In READ COMMITTED the look-up's
+	// snapshot is taken after the lock is ours, so it sees every row an
+	// earlier holder committed, whatever its bucket; in a stricter
+	// isolation level it would not, and the lock statement refuses
+	// (SQLSTATE 0A000). A TTL past MaxTTL is refused by the row's INSERT
+	// (SQLSTATE 22023). Both refusals call the layout's functions, which
+	// raise them. Do's statements, per shard, are built with the view
+	// (shardStatements); these serve DoBatch, which goes through the
+	// partitioned table and writes into each key's newest bucket as the
+	// INSERT sees the bucket list.
 	const readCommitted = `current_setting('transaction_isolation') = 'read committed'`
 	s.lockOneSQL = r.Replace(`SELECT CASE WHEN ` + readCommitted + ` THEN pg_try_advisory_xact_lock($1::bigint # {OID})
 		ELSE {REFUSE_RR} END, now()`)
 	s.lockManySQL = r.Replace(`SELECT array_agg(pg_try_advisory_xact_lock(u.k # {OID}) ORDER BY u.o), now()
 		FROM unnest($1::bigint[]) WITH ORDINALITY AS u(k, o)
 		WHERE CASE WHEN ` + readCommitted + ` THEN true ELSE {REFUSE_RR} END`)
-	const ttl = `CASE WHEN %[1]s <= {MAXTTL_US} THEN %[1]s
-		ELSE (SELECT f.o_attempts::bigint FROM {CLAIM}('', '', '', NULL, '', '', %[1]s, 0, 0, NULL, false) f) END`
+	s.ttlSQL = r.Replace(`CASE WHEN %[1]s <= {MAXTTL_US} THEN %[1]s
+		ELSE (SELECT f.o_attempts::bigint FROM {CLAIM}('', '', '', NULL, '', '', %[1]s, 0, 0, NULL, false) f) END`)
 	s.insertDoneSQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
 		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
 	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
-		now() + ` + fmt.Sprintf(ttl, "$11::bigint") + ` * interval '1 microsecond', date_bin({W}, now(), 'epoch'))`)
+		now() + ` + fmt.Sprintf(s.ttlSQL, "$11::bigint") + ` * interval '1 microsecond',
+		(SELECT max(b.id) FROM {BUCKETS} b WHERE b.shard = {SHARD}($1, $2, $3)))`)
 	s.insertManySQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
 		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
 	SELECT u.scope, u.tenant, u.event_id, 'done', u.fingerprint, u.source, u.principal,
 		u.code, u.header, u.body, u.duration_us, now(), clock_timestamp(),
-		now() + ` + fmt.Sprintf(ttl, "u.ttl_us") + ` * interval '1 microsecond', date_bin({W}, now(), 'epoch')
+		now() + ` + fmt.Sprintf(s.ttlSQL, "u.ttl_us") + ` * interval '1 microsecond',
+		(SELECT max(b.id) FROM {BUCKETS} b WHERE b.shard = {SHARD}(u.scope, u.tenant, u.event_id))
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[],
 		$7::integer[], $8::text[]::jsonb[], $9::bytea[], $10::bigint[], $11::bigint[])
 		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us)`)
@@ -107,6 +149,106 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration) {
 		$7::integer, $8::text, $9::bigint, $10::bigint # {OID})`)
 }
 
+// shardOf is the key's shard, as processed_events_shard computes it in
+// SQL: the first 32 bits of an MD5 of the key's length-prefixed parts.
+func shardOf(k Key, shards int) int {
+	var buf [64]byte
+	b := strconv.AppendInt(buf[:0], int64(len(k.Scope)), 10)
+	b = append(b, ':')
+	b = append(b, k.Scope...)
+	b = strconv.AppendInt(b, int64(len(k.Tenant)), 10)
+	b = append(b, ':')
+	b = append(b, k.Tenant...)
+	b = append(b, k.ID...)
+	sum := md5.Sum(b)
+	return int(binary.BigEndian.Uint32(sum[:4]) % uint32(shards))
+}
+
+// bucketName is the table of bucket id.
+func bucketName(id int) string { return "processed_events_b" + strconv.Itoa(id) }
+
+// doStatements returns Do's statements for k: the plain layout's, or on the
+// time-bucket layout those of k's shard from a view no older than
+// bucketViewMaxAge.
+func (s *pgStore) doStatements(ctx context.Context, q querier, k Key) (shardSQL, error) {
+	if !s.buckets {
+		return shardSQL{lock: s.lockOneSQL, lookup: s.lookupSQL}, nil
+	}
+	v := s.view.Load()
+	if v == nil || time.Since(v.loaded) > bucketViewMaxAge {
+		var err error
+		if v, err = s.loadView(ctx, q); err != nil {
+			return shardSQL{}, fmt.Errorf("bucket view: %w", err)
+		}
+	}
+	return v.shards[shardOf(k, s.shards)], nil
+}
+
+// invalidateView makes the next claim load the bucket view again.
+func (s *pgStore) invalidateView() { s.view.Store(nil) }
+
+// loadView reads the bucket list and builds each shard's statements.
+func (s *pgStore) loadView(ctx context.Context, q querier) (*bucketView, error) {
+	ids := make([][]int32, s.shards)
+	rows, err := q.Query(ctx, `SELECT shard, array_agg(id ORDER BY id) FROM `+s.ident("processed_events_buckets")+` GROUP BY shard`)
+	if err != nil {
+		return nil, err
+	}
+	var shard int32
+	var list []int32
+	if _, err := pgx.ForEachRow(rows, []any{&shard, &list}, func() error {
+		if shard < 0 || int(shard) >= s.shards {
+			return fmt.Errorf("bucket of shard %d in a ledger of %d shards", shard, s.shards)
+		}
+		ids[shard] = append([]int32(nil), list...)
+		return nil
+	}); err != nil {
+		return nil, err
+	}
+	v := &bucketView{loaded: time.Now(), shards: make([]shardSQL, s.shards)}
+	for sh, list := range ids {
+		if len(list) == 0 {
+			return nil, fmt.Errorf("shard %d has no bucket", sh)
+		}
+		v.shards[sh] = s.shardStatements(list)
+	}
+	s.view.Store(v)
+	return v, nil
+}
+
+// shardStatements builds Do's statements for a shard whose buckets are
+// ids (ascending; the last is the newest).
+func (s *pgStore) shardStatements(ids []int32) shardSQL {
+	newest := int(ids[len(ids)-1])
+	next := s.ident(bucketName(newest + s.shards))
+	fresh := `to_regclass('` + strings.ReplaceAll(next, "'", "''") + `') IS NULL`
+	var st shardSQL
+	st.lock = strings.NewReplacer("{T}", s.table, "{OID}", s.oid).Replace(
+		`SELECT pg_try_advisory_xact_lock($1::bigint # {OID}), now(),
+			current_setting('transaction_isolation') = 'read committed', `) + fresh
+	parts := make([]string, len(ids))
+	for i, id := range ids {
+		parts[i] = strings.Replace(s.lookupSQL, "FROM "+s.table+" e", "FROM "+s.ident(bucketName(int(id)))+" e", 1)
+	}
+	st.lookup = strings.Join(parts, "\n\tUNION ALL ")
+	st.insert = `INSERT INTO ` + s.ident(bucketName(newest)) + ` (scope, tenant, event_id, status, fingerprint, source, principal,
+		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
+	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
+		now() + ` + fmt.Sprintf(s.ttlSQL, "$11::bigint") + ` * interval '1 microsecond',
+		CASE WHEN ` + fresh + ` THEN ` + strconv.Itoa(newest) + ` ELSE ` +
+		s.ident("processed_events_closed") + `(` + strconv.Itoa(newest) + `) END)`
+	return st
+}
+
+// isStaleView reports whether err says the bucket view was stale: a bucket
+// table it names was dropped (42P01), or the bucket a row was written into
+// is no longer its shard's newest (JO001).
+func isStaleView(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && (pgErr.Code == "JO001" ||
+		pgErr.Code == "42P01" && strings.Contains(pgErr.Message, "processed_events_b"))
+}
+
 // ident quotes name, qualified with the ledger's schema when it has one.
 func (s *pgStore) ident(name string) string {
 	if s.schema == "" {
@@ -117,10 +259,13 @@ func (s *pgStore) ident(name string) string {
 
 // maintainBuckets is the janitor's pass on the time-bucket layout, under the
 // janitor lock (a session lock: detaching a partition concurrently cannot
-// run inside a transaction): it creates the buckets ahead, then detaches
-// and drops every bucket whose rows have all expired (its end + MaxTTL has
-// passed) and that holds no running lease. It returns the rows the dropped
-// buckets held, as Postgres estimates them.
+// run inside a transaction). It opens each shard's next bucket when the
+// newest is a width old, closes the buckets that have a newer one (in a
+// transaction of its own that starts after the opening committed, so
+// every row of a closed bucket was claimed before its closed_at), then
+// detaches and drops every bucket closed at least MaxTTL ago (all its rows
+// have expired) that holds no running lease. It returns the rows the
+// dropped buckets held, as Postgres estimates them.
 func (s *pgStore) maintainBuckets(ctx context.Context, l *Ledger) (dropped int64, locked bool, err error) {
 	pc, err := l.pool.Acquire(ctx)
 	if err != nil {
@@ -141,15 +286,46 @@ func (s *pgStore) maintainBuckets(ctx context.Context, l *Ledger) (dropped int64
 			_ = conn.Close(uctx) // ends the session, and its lock
 		}
 	}()
+	// The process's own claims see the changes at once.
+	defer s.invalidateView()
 
-	if _, err := conn.Exec(ctx, `SELECT `+s.ident("processed_events_create_buckets")+`(now())`); err != nil {
-		return 0, true, fmt.Errorf("create buckets: %w", err)
+	buckets, layout := s.ident("processed_events_buckets"), s.ident("processed_events_layout")
+	// Open the buckets due, each in a transaction of its own: the next
+	// opening is one width after the last scheduled one (whole widths
+	// past it when the janitor was away), which keeps the shards'
+	// openings staggered.
+	rows, err := conn.Query(ctx, `SELECT b.shard, max(b.opened_at) + l.width *
+			greatest(1, floor(extract(epoch FROM now() - max(b.opened_at)) / extract(epoch FROM l.width)))
+		FROM `+buckets+` b, `+layout+` l
+		GROUP BY b.shard, l.width HAVING max(b.opened_at) + l.width <= now()`)
+	if err != nil {
+		return 0, true, err
 	}
-	rows, err := conn.Query(ctx, `
+	type due struct {
+		shard int32
+		at    time.Time
+	}
+	var open []due
+	var d due
+	if _, err := pgx.ForEachRow(rows, []any{&d.shard, &d.at}, func() error { open = append(open, d); return nil }); err != nil {
+		return 0, true, err
+	}
+	for _, d := range open {
+		if _, err := conn.Exec(ctx, `SELECT `+s.ident("processed_events_open_bucket")+`($1, $2)`, d.shard, d.at); err != nil {
+			return 0, true, fmt.Errorf("open a bucket of shard %d: %w", d.shard, err)
+		}
+	}
+	if _, err := conn.Exec(ctx, `UPDATE `+buckets+` b SET closed_at = now()
+		WHERE b.closed_at IS NULL AND EXISTS (SELECT 1 FROM `+buckets+` n WHERE n.shard = b.shard AND n.id > b.id)`); err != nil {
+		return 0, true, fmt.Errorf("close buckets: %w", err)
+	}
+
+	rows, err = conn.Query(ctx, `
 SELECT c.relname::text, i.inhdetachpending, greatest(c.reltuples, 0)::bigint
-FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid, `+s.ident("processed_events_layout")+` l
-WHERE i.inhparent = $1::regclass
-	AND (i.inhdetachpending OR to_timestamp(substring(c.relname FROM '_p([0-9]+)$')::bigint) + l.width + l.max_ttl <= now())
+FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
+	LEFT JOIN `+buckets+` b ON b.id::text = substring(c.relname FROM '_b([0-9]+)$'),
+	`+layout+` l
+WHERE i.inhparent = $1::regclass AND (i.inhdetachpending OR b.closed_at + l.max_ttl <= now())
 ORDER BY c.relname`, s.table)
 	if err != nil {
 		return 0, true, err
@@ -178,9 +354,9 @@ ORDER BY c.relname`, s.table)
 			if leased {
 				continue
 			}
-			// Waits for transactions that use the table, without
-			// blocking claims; cancelled, it leaves the detach pending,
-			// and the next pass finishes it.
+			// Waits for transactions that use the partitioned table,
+			// without blocking claims; cancelled, it leaves the detach
+			// pending, and the next pass finishes it.
 			if err := execCancelling(ctx, conn, `ALTER TABLE `+s.table+` DETACH PARTITION `+name+` CONCURRENTLY`); err != nil {
 				return dropped, true, fmt.Errorf("detach %s: %w", p.name, err)
 			}
@@ -189,10 +365,34 @@ ORDER BY c.relname`, s.table)
 			// snapshot in the database, not only for users of the table.
 			return dropped, true, fmt.Errorf("finish detaching %s: %w", p.name, err)
 		}
-		if _, err := conn.Exec(ctx, `DROP TABLE `+name); err != nil {
-			return dropped, true, fmt.Errorf("drop %s: %w", p.name, err)
-		}
 		dropped += p.rows
+	}
+	// Detached buckets leave the list, then go. Claims name bucket tables
+	// directly, so the DROP may wait for one that still uses its table:
+	// it gives up quickly, and a later pass drops the table.
+	rows, err = conn.Query(ctx, `SELECT c.relname::text FROM pg_class c
+		WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass)
+			AND c.relname ~ '^processed_events_b[0-9]+$' AND c.relkind = 'r' AND NOT c.relispartition`, s.table)
+	if err != nil {
+		return dropped, true, err
+	}
+	orphans, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return dropped, true, err
+	}
+	for _, o := range orphans {
+		id := strings.TrimPrefix(o, "processed_events_b")
+		if _, err := conn.Exec(ctx, `DELETE FROM `+buckets+` WHERE id = $1::integer`, id); err != nil {
+			return dropped, true, fmt.Errorf("forget bucket %s: %w", id, err)
+		}
+		if _, err := conn.Exec(ctx, `BEGIN; SET LOCAL lock_timeout = '200ms'; DROP TABLE `+s.ident(o)+`; COMMIT`); err != nil {
+			_, _ = conn.Exec(ctx, `ROLLBACK`)
+			var pgErr *pgconn.PgError
+			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
+				continue
+			}
+			return dropped, true, fmt.Errorf("drop %s: %w", o, err)
+		}
 	}
 	return dropped, true, nil
 }
@@ -219,3 +419,13 @@ func execCancelling(ctx context.Context, conn *pgx.Conn, sql string) error {
 	}
 	return err
 }
+
+// errNotReadCommitted is Do's refusal of a transaction stricter than READ
+// COMMITTED on the time-bucket layout, with the SQLSTATE the layout's SQL
+// functions raise for it.
+var errNotReadCommitted = &pgconn.PgError{Severity: "ERROR", Code: "0A000",
+	Message: "justonce: the time-bucket ledger claims only in READ COMMITTED transactions"}
+
+// errStaleView is the claim's error when the bucket view was stale and
+// the retries ran out.
+var errStaleView = errors.New("the ledger's bucket list changed during the claim")

@@ -31,38 +31,31 @@ func benchLedger(b *testing.B, mc migrations.Config, cfg inbox.Config, conns int
 	return pg, l
 }
 
-// bucketLoad inserts n rows into a time-bucket ledger, spread evenly over
-// the buckets from fromAgo to toAgo before now, with expiry exp (SQL; b is
-// the row's bucket).
-func bucketLoad(b *testing.B, pg *testsvc.PG, n int, fromAgo, toAgo, width time.Duration, exp string) {
-	iv := func(d time.Duration) string { return fmt.Sprintf("%d seconds", int(d.Seconds())) }
-	if fromAgo == toAgo { // that one bucket only
-		pg.Exec(b, `DO $$
-DECLARE
-    b    timestamptz := date_bin('`+iv(width)+`', now() - interval '`+iv(fromAgo)+`', 'epoch');
-    name text := 'processed_events_p' || extract(epoch FROM b)::bigint;
-BEGIN
-    EXECUTE format('CREATE TABLE %I (LIKE processed_events INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', name);
-    EXECUTE format('ALTER TABLE processed_events ATTACH PARTITION %I FOR VALUES FROM (%L) TO (%L)', name, b, b + interval '`+iv(width)+`');
-END
-$$`)
-	} else {
-		pg.Exec(b, `SELECT processed_events_create_buckets(now() - $1::interval)`, iv(fromAgo))
-	}
+// bucketLoad inserts n rows into a time-bucket ledger as it is in steady
+// state, with expiry exp (SQL): every shard has moved on once (openNext),
+// and half the rows sit in each shard's older bucket, half in its newest.
+// With old, all of them sit in the older buckets, which are made due to go
+// (closed MaxTTL ago; exp must then be in the past).
+func bucketLoad(b *testing.B, pg *testsvc.PG, n int, exp string, old bool) {
+	pg.Exec(b, `SELECT processed_events_open_bucket(s, now()) FROM generate_series(0, (SELECT shards FROM processed_events_layout) - 1) s`)
+	pg.Exec(b, `UPDATE processed_events_buckets o SET closed_at = now()
+		WHERE closed_at IS NULL AND EXISTS (SELECT 1 FROM processed_events_buckets n WHERE n.shard = o.shard AND n.id > o.id)`)
 	pg.Exec(b, `INSERT INTO processed_events (scope, tenant, event_id, status, source, created_at, completed_at, expires_at, bucket)
-		SELECT 'bulk', '', 'evt-' || g, 'done', 'kafka', b, b, `+exp+`, b
-		FROM generate_series(1, $1::int) g,
-		LATERAL (SELECT date_bin($2::interval, now() - $3::interval, 'epoch') + (g % $4::int) * $2::interval AS b) x`,
-		n, iv(width), iv(fromAgo), int((fromAgo-toAgo)/width)+1)
+		SELECT 'bulk', '', x.id, 'done', 'kafka', now(), now(), `+exp+`,
+			processed_events_shard('bulk', '', x.id) + CASE WHEN $2 OR g % 2 = 0 THEN 0 ELSE l.shards END
+		FROM generate_series(1, $1::int) g, processed_events_layout l, LATERAL (SELECT 'evt-' || g AS id) x`, n, old)
+	if old {
+		pg.Exec(b, `UPDATE processed_events_buckets SET closed_at = now() - (SELECT max_ttl FROM processed_events_layout)
+			WHERE closed_at IS NOT NULL`)
+	}
 	pg.Exec(b, `VACUUM ANALYZE processed_events`)
 	pg.Exec(b, `CHECKPOINT`)
 }
 
 // BenchmarkClaimBucketsVsPlain: Do with a one-insert handler on a plain
-// ledger and on a time-bucket ledger (MaxTTL = JUSTONCE_BENCH_BUCKETS_PER_TTL
-// buckets, default migrations.DefaultBucketsPerTTL (6): a claim checks 7
-// buckets holding rows and JUSTONCE_BENCH_AHEAD empty ones ahead, default
-// 2), each holding
+// ledger and on a time-bucket ledger (default width and shards,
+// JUSTONCE_BENCH_SHARDS overrides the shards) in steady state: each shard
+// has two buckets, so a claim looks its key up in two. Each holds
 // JUSTONCE_BENCH_ROWS live rows (default 1 million), alternating rounds in
 // one run. Target: ratio ≥ 0.95.
 func BenchmarkClaimBucketsVsPlain(b *testing.B) {
@@ -71,72 +64,13 @@ func BenchmarkClaimBucketsVsPlain(b *testing.B) {
 		b.Run(fmt.Sprintf("conns=%d", workers), func(b *testing.B) {
 			plainPG, plain := benchLedger(b, migrations.Config{}, inbox.Config{}, int32(workers))
 			bulkLoad(b, plainPG, rows, false)
-			per := envInt("JUSTONCE_BENCH_BUCKETS_PER_TTL", migrations.DefaultBucketsPerTTL)
 			const maxTTL = 40 * time.Minute
-			width := maxTTL / time.Duration(per)
 			bucketPG, buckets := benchLedger(b, migrations.Config{Layout: migrations.LayoutTimeBuckets,
-				BucketWidth: width, MaxTTL: maxTTL, BucketsAhead: envInt("JUSTONCE_BENCH_AHEAD", 2)},
+				MaxTTL: maxTTL, Shards: envInt("JUSTONCE_BENCH_SHARDS", 0)},
 				inbox.Config{DefaultTTL: maxTTL}, int32(workers))
-			bucketLoad(b, bucketPG, rows, maxTTL, 0, width, "b + interval '40 minutes'")
+			bucketLoad(b, bucketPG, rows, "now() + interval '40 minutes'", false)
 			b.ResetTimer()
 			compare(b, workers, 4000, claimDo(plain, "p"), claimDo(buckets, "b"))
-		})
-	}
-}
-
-// BenchmarkClaimProbes: what a claim costs per bucket it looks the key up
-// in. Do with a one-insert handler on a plain ledger (the baseline) and, on
-// one time-bucket ledger loaded as in BenchmarkClaimBucketsVsPlain, five
-// ways: as built (the look-up over the partitioned table: every bucket),
-// every bucket's table named in the statement (UNION ALL), and only the
-// current bucket's table plus the 0, 1 or 2 before it (rows in other
-// buckets are not seen, so those three are measurements, not ledgers). All
-// six alternate in one run; each reports its throughput ratio to the plain
-// ledger.
-func BenchmarkClaimProbes(b *testing.B) {
-	rows := envInt("JUSTONCE_BENCH_ROWS", 1_000_000)
-	for _, workers := range []int{1, 8} {
-		b.Run(fmt.Sprintf("conns=%d", workers), func(b *testing.B) {
-			ctx := context.Background()
-			plainPG, plain := benchLedger(b, migrations.Config{}, inbox.Config{}, int32(workers))
-			bulkLoad(b, plainPG, rows, false)
-			const maxTTL = 40 * time.Minute
-			width := maxTTL / migrations.DefaultBucketsPerTTL
-			bucketPG, parent := benchLedger(b, migrations.Config{Layout: migrations.LayoutTimeBuckets,
-				BucketWidth: width, MaxTTL: maxTTL}, inbox.Config{DefaultTTL: maxTTL}, int32(workers))
-			bucketLoad(b, bucketPG, rows, maxTTL, 0, width, "b + interval '40 minutes'")
-			// Every bucket, and the ones up to now's, newest first.
-			var all, names []string
-			require.NoError(b, bucketPG.Pool.QueryRow(ctx, `SELECT array_agg(c.relname::text ORDER BY c.relname DESC),
-					array_agg(c.relname::text ORDER BY c.relname DESC)
-						FILTER (WHERE substring(c.relname FROM '_p([0-9]+)$')::bigint <= extract(epoch FROM now()))
-				FROM pg_inherits i JOIN pg_class c ON c.oid = i.inhrelid
-				WHERE i.inhparent = 'processed_events'::regclass`).Scan(&all, &names))
-			require.GreaterOrEqual(b, len(names), 3)
-			variants := []func(round, i int) error{claimDo(plain, "p"), claimDo(parent, "a")}
-			for n := 0; n <= 3; n++ {
-				probe := names[:n]
-				if n == 0 {
-					probe = all
-				}
-				l, err := inbox.New(bucketPG.Pool, inbox.Config{DefaultTTL: maxTTL})
-				require.NoError(b, err)
-				require.NoError(b, l.ProbeOnly(ctx, probe, names[0]))
-				variants = append(variants, claimDo(l, fmt.Sprintf("n%d-", n)))
-			}
-			rounds, perRound := sized(40, 2), sized(100, 20)
-			var took [][]time.Duration
-			b.ResetTimer()
-			for n := 0; n < b.N; n++ {
-				took = interleave(b, workers, n*rounds, rounds, perRound, variants...)
-			}
-			b.StopTimer()
-			b.ReportMetric(rate(took[0], perRound), "plain-ops/s")
-			b.ReportMetric(speedRatio(took[1], took[0]), "as-built-ratio")
-			b.ReportMetric(speedRatio(took[2], took[0]), "all-named-ratio")
-			for n := 1; n <= 3; n++ {
-				b.ReportMetric(speedRatio(took[n+2], took[0]), fmt.Sprintf("%d-probe-ratio", n))
-			}
 		})
 	}
 }
@@ -213,12 +147,11 @@ func BenchmarkRetentionUnderLoad(b *testing.B) {
 
 	plainPG, plain := benchLedger(b, migrations.Config{}, inbox.Config{}, 9)
 	bulkLoad(b, plainPG, expired, true)
-	const width = 10 * time.Second
+	const maxTTL = 40 * time.Second
 	bucketPG, buckets := benchLedger(b, migrations.Config{Layout: migrations.LayoutTimeBuckets,
-		BucketWidth: width, MaxTTL: 4 * width}, inbox.Config{DefaultTTL: 4 * width}, 9)
-	// All expired rows in one bucket, due to be dropped (the only old one:
-	// claims check the same buckets before and after its drop).
-	bucketLoad(b, bucketPG, expired, 60*time.Second, 60*time.Second, width, "now() - interval '5 seconds'")
+		MaxTTL: maxTTL}, inbox.Config{DefaultTTL: maxTTL}, 9)
+	// All expired rows in the shards' older buckets, due to be dropped.
+	bucketLoad(b, bucketPG, expired, "now() - interval '5 seconds'", true)
 
 	gone := func(pg *testsvc.PG) func() bool {
 		return func() bool { return pg.Count(b, `SELECT count(*) FROM processed_events WHERE scope = 'bulk'`) == 0 }
@@ -243,27 +176,16 @@ func BenchmarkRetentionUnderLoad(b *testing.B) {
 	}
 }
 
-// weekWidth is BenchmarkRetentionWeek's bucket width: the default (0)
-// unless JUSTONCE_BENCH_BUCKETS_PER_TTL sets MaxTTL/width. (Likewise
-// JUSTONCE_BENCH_AHEAD for the buckets ahead.)
-func weekWidth(maxTTL time.Duration) time.Duration {
-	if per := envInt("JUSTONCE_BENCH_BUCKETS_PER_TTL", 0); per > 0 {
-		return maxTTL / time.Duration(per)
-	}
-	return 0
-}
-
 // BenchmarkRetentionWeek: a week of steady traffic in scaled time, on both
 // layouts one after the other: a "day" is the TTL and MaxTTL
 // (JUSTONCE_BENCH_DAY_S seconds, default 12), buckets have the default
-// width (see weekWidth), traffic is
+// width (a day) and shards (JUSTONCE_BENCH_SHARDS overrides them), traffic is
 // JUSTONCE_BENCH_RATE Do calls a second (default 1500) on 4 workers, and
 // the janitor runs every 250 ms. It reports table + index size over days
 // 2–8 (swing around the mean, and the last day's mean against the second's),
 // and the p99 of calls that started while a purge ran against those that
 // did not.
 func BenchmarkRetentionWeek(b *testing.B) {
-	// 12 s: the default width (MaxTTL/6) is then whole seconds.
 	day := time.Duration(envInt("JUSTONCE_BENCH_DAY_S", 12)) * time.Second
 	rate := envInt("JUSTONCE_BENCH_RATE", 1500)
 	for _, lay := range []struct {
@@ -271,8 +193,8 @@ func BenchmarkRetentionWeek(b *testing.B) {
 		mc  migrations.Config
 	}{
 		{"plain", migrations.Config{}},
-		{"buckets", migrations.Config{Layout: migrations.LayoutTimeBuckets, MaxTTL: day, BucketWidth: weekWidth(day),
-			BucketsAhead: envInt("JUSTONCE_BENCH_AHEAD", 0)}},
+		{"buckets", migrations.Config{Layout: migrations.LayoutTimeBuckets, MaxTTL: day,
+			Shards: envInt("JUSTONCE_BENCH_SHARDS", 0)}},
 	} {
 		pg, l := benchLedger(b, lay.mc, inbox.Config{DefaultTTL: day}, 6)
 		ctx, cancel := context.WithCancel(context.Background())

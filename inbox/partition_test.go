@@ -4,6 +4,9 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"math"
+	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -110,8 +113,31 @@ func TestLayoutsConcurrentRacersRunOnce(t *testing.T) {
 		b := setupLayout(t, mc, inbox.Config{}, testsvc.MaxConns(20))
 		ctx := context.Background()
 		// Several keys, each raced by 25 callers mixing Do, DoBatch and
-		// leases, some while buckets turn over.
-		for k := 0; k < 4; k++ {
+		// leases, while the janitor opens buckets (2 s apart per shard,
+		// staggered: one shard's every 250 ms) and the ledger's view of
+		// them goes stale.
+		opened := 0
+		if mc.Layout != migrations.LayoutPlain {
+			before := buckets(t, b)
+			jctx, stop := context.WithCancel(ctx)
+			janitor := make(chan struct{})
+			go func() {
+				defer close(janitor)
+				for jctx.Err() == nil {
+					if _, err := b.ledger.Purge(jctx, inbox.JanitorConfig{}); err != nil && jctx.Err() == nil {
+						t.Error(err)
+					}
+					time.Sleep(20 * time.Millisecond)
+				}
+			}()
+			defer func() {
+				stop()
+				<-janitor
+				require.Positive(t, opened, "buckets opened while the racers ran")
+			}()
+			defer func() { opened = buckets(t, b) - before }()
+		}
+		for k := 0; k < 8; k++ {
 			id := fmt.Sprintf("evt-%d", k)
 			var ran atomic.Int64
 			var inflight atomic.Int64
@@ -165,7 +191,7 @@ func TestLayoutsConcurrentRacersRunOnce(t *testing.T) {
 			require.EqualValues(t, 1, ran.Load(), "key %s runs once", id)
 			require.Positive(t, inflight.Load(), "the racers met the key in flight")
 		}
-		require.Equal(t, 4, b.pg.Count(t, `SELECT count(*) FROM payments`))
+		require.Equal(t, 8, b.pg.Count(t, `SELECT count(*) FROM payments`))
 	})
 }
 
@@ -244,9 +270,7 @@ func TestLayoutsJanitor(t *testing.T) {
 	t.Parallel()
 	forLayouts(t, func(t *testing.T, mc migrations.Config) {
 		if mc.Layout != migrations.LayoutPlain { // buckets that go quickly
-			// Buckets ahead for 8 s: a loaded machine may take longer than
-			// 2 s (the default's two buckets) between two purges below.
-			mc.BucketWidth, mc.MaxTTL, mc.BucketsAhead = time.Second, 2*time.Second, 8
+			mc.BucketWidth, mc.MaxTTL = time.Second, 2*time.Second
 		}
 		b := setupLayout(t, mc, inbox.Config{DefaultTTL: 2 * time.Second})
 		ctx := context.Background()
@@ -283,16 +307,45 @@ func TestLayoutsJanitor(t *testing.T) {
 	})
 }
 
-// bucketsLedger is a time-bucket ledger with buckets of width and MaxTTL,
-// and 8 buckets ahead (tests that wait for a bucket to be due do not run
-// the janitor meanwhile).
+// bucketsLedger is a time-bucket ledger with buckets of width and MaxTTL.
 func bucketsLedger(t *testing.T, width, maxTTL time.Duration, opts ...testsvc.PGOption) *bundle {
-	return setupLayout(t, migrations.Config{Layout: migrations.LayoutTimeBuckets, BucketWidth: width, MaxTTL: maxTTL, BucketsAhead: 8},
+	return setupLayout(t, migrations.Config{Layout: migrations.LayoutTimeBuckets, BucketWidth: width, MaxTTL: maxTTL},
 		inbox.Config{DefaultTTL: maxTTL}, opts...)
 }
 
 func buckets(t *testing.T, b *bundle) int {
 	return b.pg.Count(t, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_events'::regclass`)
+}
+
+// openNext does what the janitor does when buckets are due, for every
+// shard at once: opens each shard's next bucket, then, in a transaction of
+// its own, closes the ones before.
+func openNext(t *testing.T, b *bundle) {
+	t.Helper()
+	b.pg.Exec(t, `SELECT processed_events_open_bucket(s, now()) FROM generate_series(0, (SELECT shards FROM processed_events_layout) - 1) s`)
+	b.pg.Exec(t, `UPDATE processed_events_buckets o SET closed_at = now()
+		WHERE closed_at IS NULL AND EXISTS (SELECT 1 FROM processed_events_buckets n WHERE n.shard = o.shard AND n.id > o.id)`)
+}
+
+// bucketOf is the bucket that holds the row of key id.
+func bucketOf(t *testing.T, b *bundle, id string) int {
+	t.Helper()
+	var bucket int
+	require.NoError(t, b.pg.Pool.QueryRow(context.Background(), `SELECT bucket FROM processed_events WHERE event_id = $1`, id).Scan(&bucket))
+	return bucket
+}
+
+// waitDue waits until bucket may go: closed, MaxTTL ago.
+func waitDue(t *testing.T, b *bundle, bucket int) {
+	t.Helper()
+	testsvc.Eventually(t, 20*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM processed_events_buckets b, processed_events_layout l
+			WHERE b.id = $1 AND b.closed_at + l.max_ttl <= now()`, bucket) == 1
+	}, "bucket due")
+}
+
+func gone(t *testing.T, b *bundle, bucket int) bool {
+	return b.pg.Count(t, `SELECT count(to_regclass($1))`, fmt.Sprintf("processed_events_b%d", bucket)) == 0
 }
 
 func TestBucketsTTLLongerThanABucket(t *testing.T) {
@@ -325,9 +378,9 @@ func TestBucketsTTLLongerThanABucket(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.Executed, out.Disposition)
 	require.EqualValues(t, 2, ran.Load())
-	// Buckets: MaxTTL/width + the current one + the ones ahead, and the
-	// one that has not gone yet.
-	require.LessOrEqual(t, buckets(t, b), 4+1+8+1)
+	// Buckets: per shard, the newest and those closed less than MaxTTL
+	// ago, and one due that has not gone yet.
+	require.LessOrEqual(t, buckets(t, b), migrations.DefaultShards*(4+1+1))
 
 	// A TTL past MaxTTL is refused, not shortened, by every call that
 	// would write a row with it.
@@ -374,12 +427,10 @@ func TestBucketsClaimRacesADrop(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, inbox.Executed, out.Disposition)
 	}
-	var oldBucket time.Time
-	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT bucket FROM processed_events WHERE event_id = 'held'`).Scan(&oldBucket))
-	// Wait until the bucket is due to go (its end + MaxTTL has passed).
-	testsvc.Eventually(t, 10*time.Second, func() bool {
-		return time.Now().After(oldBucket.Add(4*time.Second + 200*time.Millisecond))
-	}, "bucket due")
+	oldBucket := bucketOf(t, b, "held")
+	// The key's shard moves on; wait until the bucket is due to go.
+	openNext(t, b)
+	waitDue(t, b, oldBucket)
 
 	tx, err := b.pg.Pool.Begin(ctx)
 	require.NoError(t, err)
@@ -422,7 +473,7 @@ func TestBucketsClaimRacesADrop(t *testing.T) {
 
 	require.NoError(t, tx.Commit(ctx))
 	require.NoError(t, <-purged)
-	require.Zero(t, b.pg.Count(t, `SELECT count(to_regclass($1))`, fmt.Sprintf("processed_events_p%d", oldBucket.Unix())), "bucket dropped")
+	require.True(t, gone(t, b, oldBucket), "bucket dropped")
 	out, err = b.ledger.Do(ctx, short("held"), pay("held-4", &ran))
 	require.NoError(t, err)
 	require.Equal(t, inbox.Duplicate, out.Disposition, "the taken-over key outlives its old bucket")
@@ -439,11 +490,9 @@ func TestBucketsCancelledDropIsFinishedLater(t *testing.T) {
 	r.TTL = 500 * time.Millisecond
 	_, err := b.ledger.Do(ctx, r, noop)
 	require.NoError(t, err)
-	var oldBucket time.Time
-	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT bucket FROM processed_events`).Scan(&oldBucket))
-	testsvc.Eventually(t, 10*time.Second, func() bool {
-		return time.Now().After(oldBucket.Add(2*time.Second + 200*time.Millisecond))
-	}, "bucket due")
+	oldBucket := bucketOf(t, b, "x")
+	openNext(t, b)
+	waitDue(t, b, oldBucket)
 
 	// Any open transaction on the table holds the detach.
 	tx, err := b.pg.Pool.Begin(ctx)
@@ -470,7 +519,7 @@ func TestBucketsCancelledDropIsFinishedLater(t *testing.T) {
 	_, err = b.ledger.Purge(fctx, inbox.JanitorConfig{})
 	require.NoError(t, err)
 	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_events'::regclass AND inhdetachpending`))
-	require.Zero(t, b.pg.Count(t, `SELECT count(to_regclass($1))`, fmt.Sprintf("processed_events_p%d", oldBucket.Unix())))
+	require.True(t, gone(t, b, oldBucket))
 }
 
 // An existing plain ledger moves to time buckets with its live rows.
@@ -583,17 +632,18 @@ func TestBucketsWriteOnce(t *testing.T) {
 	require.Equal(t, inbox.Executed, outs[0].Disposition)
 	require.Equal(t, inbox.Executed, outs[1].Disposition)
 	// Never updated (xmax 0: no second version, no row lock), in the
-	// bucket of the claim's time, complete.
+	// newest bucket of the key's shard, complete.
 	require.Equal(t, 3, b.pg.Count(t, `SELECT count(*) FROM processed_events
 		WHERE xmax = '0' AND status = 'done' AND response_code IS NOT NULL AND completed_at IS NOT NULL
-			AND bucket = date_bin('1 second', created_at, 'epoch') AND expires_at = created_at + interval '4 seconds'`))
+			AND bucket = (SELECT max(id) FROM processed_events_buckets WHERE shard = processed_events_shard(scope, tenant, event_id))
+			AND bucket % 8 = processed_events_shard(scope, tenant, event_id)
+			AND expires_at = created_at + interval '4 seconds'`))
 	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'once' AND ctid = '(0,1)'`))
 
 	// A shorter TTL asks later, from a later bucket: the row is found.
-	claimed := time.Now()
 	short := req("orders", "once")
 	short.TTL = 200 * time.Millisecond
-	testsvc.Eventually(t, 5*time.Second, func() bool { return time.Since(claimed) > 1500*time.Millisecond }, "a later bucket")
+	openNext(t, b)
 	out, err = b.ledger.Do(ctx, short, pay("p2", &ran))
 	require.NoError(t, err)
 	require.Equal(t, inbox.Duplicate, out.Disposition)
@@ -606,19 +656,15 @@ func TestBucketsWriteOnce(t *testing.T) {
 	require.EqualValues(t, 1, ran.Load())
 
 	// Expired, in an older bucket: taken over, moved, one row.
-	var oldBucket time.Time
-	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT bucket FROM processed_events WHERE event_id = 'once'`).Scan(&oldBucket))
+	oldBucket := bucketOf(t, b, "once")
 	testsvc.Eventually(t, 10*time.Second, func() bool {
 		return b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'once' AND expires_at <= now()`) == 1
 	}, "row expires")
 	out, err = b.ledger.Do(ctx, short, pay("p3", &ran))
 	require.NoError(t, err)
 	require.Equal(t, inbox.Executed, out.Disposition)
-	var rows int
-	var newBucket time.Time
-	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT count(*) OVER (), bucket FROM processed_events WHERE event_id = 'once'`).Scan(&rows, &newBucket))
-	require.Equal(t, 1, rows)
-	require.True(t, newBucket.After(oldBucket), "moved from %v to %v", oldBucket, newBucket)
+	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'once'`))
+	require.Greater(t, bucketOf(t, b, "once"), oldBucket, "moved")
 	require.EqualValues(t, 2, ran.Load())
 }
 
@@ -634,11 +680,9 @@ func TestBucketsDoRacesADrop(t *testing.T) {
 	var ran atomic.Int64
 	_, err := b.ledger.Do(ctx, short, pay("held-1", &ran))
 	require.NoError(t, err)
-	var oldBucket time.Time
-	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT bucket FROM processed_events WHERE event_id = 'held'`).Scan(&oldBucket))
-	testsvc.Eventually(t, 10*time.Second, func() bool {
-		return time.Now().After(oldBucket.Add(3*time.Second + 200*time.Millisecond))
-	}, "bucket due")
+	oldBucket := bucketOf(t, b, "held")
+	openNext(t, b)
+	waitDue(t, b, oldBucket)
 
 	entered, release := make(chan struct{}), make(chan struct{})
 	done := make(chan error, 1)
@@ -673,9 +717,8 @@ func TestBucketsDoRacesADrop(t *testing.T) {
 	close(release)
 	require.NoError(t, <-done)
 	require.NoError(t, <-purged)
-	var newBucket time.Time
-	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT bucket FROM processed_events WHERE event_id = 'held'`).Scan(&newBucket))
-	require.True(t, newBucket.After(oldBucket))
+	require.Greater(t, bucketOf(t, b, "held"), oldBucket)
+	require.True(t, gone(t, b, oldBucket))
 	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'held'`))
 	require.Equal(t, 2, b.pg.Count(t, `SELECT count(*) FROM payments WHERE id LIKE 'held-%'`))
 }
@@ -693,8 +736,9 @@ func TestBucketsRowWrittenWithoutTheLock(t *testing.T) {
 	out, err := b.ledger.Do(ctx, req("orders", "sneak"), func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 		runs++
 		if runs == 1 {
-			var bucket time.Time
-			require.NoError(t, tx.QueryRow(ctx, `SELECT date_bin(width, now(), 'epoch') FROM processed_events_layout`).Scan(&bucket))
+			var bucket int
+			require.NoError(t, tx.QueryRow(ctx, `SELECT max(id) FROM processed_events_buckets
+				WHERE shard = processed_events_shard('orders', '', 'sneak')`).Scan(&bucket))
 			_, err := b.pg.Pool.Exec(ctx, `INSERT INTO processed_events (scope, tenant, event_id, status, source, expires_at, bucket)
 				VALUES ('orders', '', 'sneak', 'failed', 'other', now() + interval '1 minute', $1)`, bucket)
 			require.NoError(t, err)
@@ -722,9 +766,10 @@ func TestBucketsBatchTakesOverAcrossBuckets(t *testing.T) {
 	}
 	_, err := b.ledger.DoBatch(ctx, []inbox.Request{short("old-1"), short("old-2")}, batchNoop)
 	require.NoError(t, err)
-	var oldBucket time.Time
-	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT max(bucket) FROM processed_events`).Scan(&oldBucket))
-	testsvc.Eventually(t, 10*time.Second, func() bool { return time.Now().After(oldBucket.Add(1200 * time.Millisecond)) }, "a later bucket")
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE expires_at <= now()`) == 2
+	}, "rows expire")
+	openNext(t, b)
 	var ran atomic.Int64
 	outs, err := b.ledger.DoBatch(ctx, []inbox.Request{short("old-1"), short("new"), short("old-2")},
 		func(ctx context.Context, tx pgx.Tx, fresh []int) ([]inbox.Result, error) {
@@ -737,5 +782,136 @@ func TestBucketsBatchTakesOverAcrossBuckets(t *testing.T) {
 	}
 	require.EqualValues(t, 3, ran.Load())
 	require.Equal(t, 3, b.pg.Count(t, `SELECT count(*) FROM processed_events`), "one row per key")
-	require.Equal(t, 3, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE bucket > $1`, oldBucket), "all in a newer bucket")
+	require.Equal(t, 3, b.pg.Count(t, `SELECT count(*) FROM processed_events
+		WHERE bucket IN (SELECT max(id) FROM processed_events_buckets GROUP BY shard)`), "all in their shard's newest bucket")
+}
+
+// The shard the ledger computes in Go is the one processed_events_shard
+// computes in SQL (a migration uses it to place the rows it copies).
+func TestBucketsShardInGoMatchesSQL(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Hour, time.Hour)
+	ctx := context.Background()
+	keys := []inbox.Key{{Scope: "", ID: ""}, {Scope: "orders", ID: "evt-1"}, {Scope: "orders", Tenant: "acme", ID: "evt-1"},
+		{Scope: "ordersa", Tenant: "cme", ID: "evt-1"}, {Scope: "http", ID: "κλειδί-🔑"}, {Scope: strings.Repeat("s", 300), ID: strings.Repeat("x", 1000)}}
+	for i := 0; i < 200; i++ {
+		keys = append(keys, inbox.Key{Scope: "s" + strconv.Itoa(i%7), Tenant: strconv.Itoa(i % 3), ID: "id-" + strconv.Itoa(i)})
+	}
+	seen := map[int]bool{}
+	for _, k := range keys {
+		var sql int
+		require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT processed_events_shard($1, $2, $3)`, k.Scope, k.Tenant, k.ID).Scan(&sql))
+		require.Equal(t, sql, inbox.ShardOf(k, migrations.DefaultShards), "%+v", k)
+		seen[sql] = true
+	}
+	require.Len(t, seen, migrations.DefaultShards, "keys spread over every shard")
+}
+
+// A ledger whose view of the buckets is stale never runs a key twice: a
+// bucket opened since its view was loaded makes the claim look again (the
+// key's row may be in that bucket), a bucket opened while the handler ran
+// refuses the row (the transaction rolls back and the claim is made
+// again), and a bucket dropped since makes the look-up fail and the claim
+// look again.
+func TestBucketsStaleViewNeverDoubles(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Hour, 2*time.Second)
+	ctx := context.Background()
+	other, err := inbox.New(b.pg.Pool, inbox.Config{DefaultTTL: 2 * time.Second}) // another process
+	require.NoError(t, err)
+	var ran atomic.Int64
+	_, err = b.ledger.Do(ctx, req("orders", "first"), pay("first", &ran)) // loads the view
+	require.NoError(t, err)
+
+	// Opened since the view: the other process writes the key into the
+	// new bucket; this one finds it there.
+	openNext(t, b)
+	out, err := other.Do(ctx, req("orders", "k"), pay("k", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	require.Greater(t, bucketOf(t, b, "k"), bucketOf(t, b, "first")%migrations.DefaultShards, "in a new bucket")
+	calls := 0
+	out, err = b.ledger.Do(ctx, req("orders", "k"), func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+		calls++
+		return pay("k-again", &ran)(ctx, tx)
+	})
+	require.NoError(t, err)
+	require.Equal(t, inbox.Duplicate, out.Disposition)
+	require.Zero(t, calls, "the stale view is caught before the handler runs")
+
+	// Opened while the handler ran: the row is refused, the handler's
+	// effect rolls back, and the claim made again writes the key once,
+	// into the newest bucket.
+	runs := 0
+	out, err = b.ledger.Do(ctx, req("orders", "during"), func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+		runs++
+		if runs == 1 {
+			openNext(t, b)
+		}
+		return pay("during", &ran)(ctx, tx)
+	})
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	require.Equal(t, 2, runs, "the handler ran again after the refused row")
+	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM payments WHERE id = 'during'`))
+	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'during'
+		AND bucket = (SELECT max(id) FROM processed_events_buckets WHERE shard = processed_events_shard(scope, tenant, event_id))`))
+
+	// Dropped since the view: the other process's janitor drops the
+	// oldest buckets (closed, MaxTTL ago); this ledger's view still names
+	// them: the first claim that looks there meets a missing table, and
+	// is made again with a fresh view.
+	_, err = b.ledger.Do(ctx, req("orders", "view"), noop) // a view with three buckets per shard
+	require.NoError(t, err)
+	first := bucketOf(t, b, "first") % migrations.DefaultShards // the shard's first bucket id
+	waitDue(t, b, first)
+	_, err = other.Purge(ctx, inbox.JanitorConfig{})
+	require.NoError(t, err)
+	require.True(t, gone(t, b, first), "the shard's first bucket dropped")
+	for i := 0; i < 2*migrations.DefaultShards; i++ { // keys of every shard
+		out, err = b.ledger.Do(ctx, req("orders", fmt.Sprintf("after-%d", i)), noop)
+		require.NoError(t, err)
+		require.Equal(t, inbox.Executed, out.Disposition)
+	}
+	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM payments WHERE id LIKE 'k%'`), "k ran once")
+}
+
+// The janitor opens each shard's next bucket a width after the last one,
+// one shard at a time; while it does not run, claims go on in the newest
+// buckets (the table grows, nothing fails).
+func TestBucketsJanitorSchedule(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Second, time.Second)
+	ctx := context.Background()
+	// No janitor for three widths: claims go on.
+	deadline := time.Now().Add(3 * time.Second)
+	for i := 0; time.Now().Before(deadline); i++ {
+		out, err := b.ledger.Do(ctx, req("orders", fmt.Sprintf("k-%d", i)), noop)
+		require.NoError(t, err)
+		require.Equal(t, inbox.Executed, out.Disposition)
+		time.Sleep(20 * time.Millisecond)
+	}
+	require.Equal(t, migrations.DefaultShards, buckets(t, b), "no bucket opened without the janitor")
+	// The janitor catches up: one new bucket per shard, scheduled whole
+	// widths after the last (so still staggered), the old ones closed.
+	_, err := b.ledger.Purge(ctx, inbox.JanitorConfig{})
+	require.NoError(t, err)
+	require.Equal(t, 2*migrations.DefaultShards, buckets(t, b))
+	var frac []float64
+	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT array_agg(extract(epoch FROM opened_at)::numeric % 1 ORDER BY shard)
+		FROM processed_events_buckets WHERE closed_at IS NULL`).Scan(&frac))
+	var first float64
+	require.NoError(t, b.pg.Pool.QueryRow(ctx, `SELECT extract(epoch FROM opened_at)::numeric % 1
+		FROM processed_events_buckets WHERE id = 0`).Scan(&first))
+	for s, f := range frac {
+		want := math.Mod(first-float64(s)/float64(migrations.DefaultShards)+1, 1)
+		require.InDelta(t, want, f, 0.002, "shard %d opens 1/%d width after shard %d", s, migrations.DefaultShards, s-1)
+	}
+	require.Equal(t, migrations.DefaultShards, b.pg.Count(t, `SELECT count(*) FROM processed_events_buckets WHERE closed_at IS NOT NULL`))
+	// MaxTTL after closing, the first buckets go with their rows.
+	testsvc.Eventually(t, 15*time.Second, func() bool {
+		_, err := b.ledger.Purge(ctx, inbox.JanitorConfig{})
+		require.NoError(t, err)
+		return b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id LIKE 'k-%'`) == 0
+	}, "old buckets dropped")
 }

@@ -28,6 +28,11 @@ type pgStore struct {
 	mu      sync.Mutex
 	ready   atomic.Bool
 	buckets bool
+	shards  int           // time buckets: how many shards keys are spread over
+	width   time.Duration // time buckets: how long a shard writes into one bucket
+	ttlSQL  string        // time buckets: a TTL in microseconds (%[1]s), refused past MaxTTL
+	oid     string        // time buckets: the table's OID, shifted, for lock keys
+	view    atomic.Pointer[bucketView]
 
 	claimSQL, claimOneSQL, lookupSQL, completeSQL         string
 	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
@@ -578,9 +583,13 @@ func takeover(rec *Record, live, leased bool, fp []byte) bool {
 }
 
 // queueInsertDone adds the statement that writes a claimed key's row,
-// complete, with the commit (the write-once path).
-func (s *pgStore) queueInsertDone(b *pgx.Batch, r Request, ttl time.Duration, res Result, d time.Duration) {
-	b.Queue(s.insertDoneSQL, r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal,
+// complete, with the commit (the write-once path): sql, or when empty the
+// layout's insertDoneSQL.
+func (s *pgStore) queueInsertDone(b *pgx.Batch, sql string, r Request, ttl time.Duration, res Result, d time.Duration) {
+	if sql == "" {
+		sql = s.insertDoneSQL
+	}
+	b.Queue(sql, r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal,
 		nullCode(res.Code), nullHeader(res.Header), res.Body, d.Microseconds(), ttl.Microseconds())
 }
 

@@ -18,25 +18,24 @@ const (
 	// LayoutPlain is one table; the janitor deletes expired rows in
 	// batches. The default.
 	LayoutPlain Layout = ""
-	// LayoutTimeBuckets partitions processed_events by claim time into
-	// buckets of Config.BucketWidth; the janitor drops whole buckets once
-	// every row in them has expired, instead of deleting rows. A claim
-	// checks every bucket that can hold a live row, and a row's TTL may
-	// not exceed Config.MaxTTL. See docs/RETENTION.md.
+	// LayoutTimeBuckets partitions processed_events into buckets that the
+	// janitor drops whole once every row in them has expired, instead of
+	// deleting rows. Keys are spread over Config.Shards shards by a hash;
+	// each shard writes into its newest bucket, and the janitor opens a
+	// shard's next bucket every Config.BucketWidth, at staggered times, so
+	// that a claim looks the key up in its shard's two buckets while the
+	// table's size stays flat. A row's TTL may not exceed Config.MaxTTL.
+	// See docs/RETENTION.md.
 	LayoutTimeBuckets Layout = "time-buckets"
 )
 
 // Defaults of the time-bucket layout.
 const (
-	DefaultMaxTTL       = 24 * time.Hour
-	DefaultBucketsAhead = 2
-	// DefaultBucketsPerTTL is MaxTTL/BucketWidth by default: the table's
-	// size then stays within about ±10 % of its mean (the drop of one
-	// bucket is 1/6 of what the table holds), and a claim looks the key up
-	// in 7 buckets that can hold a live row plus the ones ahead. The
-	// default width is MaxTTL/DefaultBucketsPerTTL rounded down to whole
-	// seconds.
-	DefaultBucketsPerTTL = 6
+	DefaultMaxTTL = 24 * time.Hour
+	// DefaultShards spreads keys over 8 shards: the table's size then
+	// swings by about ±4 % around its mean (one shard's oldest bucket goes
+	// at a time), in 16 buckets.
+	DefaultShards = 8
 )
 
 func (c *Config) bucketDefaults() error {
@@ -44,14 +43,14 @@ func (c *Config) bucketDefaults() error {
 		c.MaxTTL = DefaultMaxTTL
 	}
 	if c.BucketWidth == 0 {
-		c.BucketWidth = max((c.MaxTTL / DefaultBucketsPerTTL).Truncate(time.Second), time.Second)
+		c.BucketWidth = c.MaxTTL
 	}
-	if c.BucketsAhead == 0 {
-		c.BucketsAhead = DefaultBucketsAhead
+	if c.Shards == 0 {
+		c.Shards = DefaultShards
 	}
-	if c.MaxTTL < time.Second || c.BucketWidth < time.Second || c.BucketsAhead < 1 ||
+	if c.MaxTTL < time.Second || c.BucketWidth < time.Second || c.Shards < 1 || c.Shards > 1024 ||
 		c.MaxTTL%time.Second != 0 || c.BucketWidth%time.Second != 0 {
-		return fmt.Errorf("justonce/migrations: time buckets need MaxTTL and BucketWidth of whole seconds ≥ 1s and BucketsAhead ≥ 1")
+		return fmt.Errorf("justonce/migrations: time buckets need MaxTTL and BucketWidth of whole seconds ≥ 1s and 1 ≤ Shards ≤ 1024")
 	}
 	return nil
 }
@@ -92,15 +91,18 @@ func timeBucketSQL(schema string, cfg Config) []string {
 	maxTTL := strconv.FormatInt(int64(cfg.MaxTTL/time.Second), 10) + " seconds"
 	r := strings.NewReplacer(
 		"{PE}", q("processed_events"), "{OLD}", q("processed_events_plain"),
-		"{LAYOUT}", q("processed_events_layout"), "{SEQ}", q("processed_events_fencing_seq"),
+		"{LAYOUT}", q("processed_events_layout"), "{BUCKETS}", q("processed_events_buckets"),
+		"{SEQ}", q("processed_events_fencing_seq"),
 		"{CLAIM}", q("processed_events_claim"), "{FAIL}", q("processed_events_fail"),
-		"{CREATE}", q("processed_events_create_buckets"),
+		"{OPEN}", q("processed_events_open_bucket"), "{SHARD}", q("processed_events_shard"),
+		"{CLOSED}", q("processed_events_closed"),
 		"{SCHEMA}", lit(schema), "{W}", lit(width), "{MAXTTL}", lit(maxTTL),
 		"{MAXTTL_US}", strconv.FormatInt(cfg.MaxTTL.Microseconds(), 10),
-		"{AHEAD}", strconv.Itoa(cfg.BucketsAhead),
+		"{SHARDS}", strconv.Itoa(cfg.Shards),
 	)
-	// bucket(ts): the start of ts's bucket.
-	const bucket = `date_bin({W}::interval, %s, 'epoch'::timestamptz)`
+	// newest: the newest bucket of the shard v_shard, as the statement
+	// that reads it sees the bucket list.
+	const newest = `(SELECT max(b.id) FROM {BUCKETS} b WHERE b.shard = v_shard)`
 	stmts := []string{
 		`ALTER TABLE {PE} RENAME TO processed_events_plain`,
 		`CREATE TABLE {PE} (
@@ -123,41 +125,61 @@ func timeBucketSQL(schema string, cfg Config) []string {
     created_at       timestamptz NOT NULL DEFAULT now(),
     completed_at     timestamptz,
     expires_at       timestamptz NOT NULL,
-    -- The start of the bucket of the claim's time: the partition key.
-    bucket           timestamptz NOT NULL,
+    -- The bucket the row was written into: the partition key. A bucket
+    -- holds keys of one shard; bucket ids of shard s are s, s + shards,
+    -- s + 2 × shards, ... in the order they were opened.
+    bucket           integer     NOT NULL,
     CONSTRAINT processed_events_bucket_pkey PRIMARY KEY (scope, tenant, event_id, bucket),
     CONSTRAINT processed_events_status_check CHECK (status IN ('processing', 'done', 'failed'))
-) PARTITION BY RANGE (bucket)`,
+) PARTITION BY LIST (bucket)`,
 		`CREATE INDEX processed_events_bucket_processing_idx ON {PE} (lease_until) WHERE status = 'processing'`,
 		`CREATE TABLE {LAYOUT} (
     width   interval NOT NULL,
     max_ttl interval NOT NULL,
-    ahead   integer  NOT NULL
+    shards  integer  NOT NULL
 )`,
-		`INSERT INTO {LAYOUT} VALUES ({W}, {MAXTTL}, {AHEAD})`,
-
-		// create_buckets(from) attaches the missing buckets from from's
-		// bucket to {AHEAD} buckets past now's. A bucket is created as a
-		// table of its own and attached, which locks the parent only
-		// against other DDL (SHARE UPDATE EXCLUSIVE), never against claims.
-		`CREATE FUNCTION {CREATE}(p_from timestamptz) RETURNS integer LANGUAGE plpgsql AS $fn$
-DECLARE
-    b    timestamptz := ` + fmt.Sprintf(bucket, "least(p_from, now())") + `;
-    last timestamptz := ` + fmt.Sprintf(bucket, "now()") + ` + {AHEAD} * {W}::interval;
-    name text;
-    n    integer := 0;
+		`INSERT INTO {LAYOUT} VALUES ({W}, {MAXTTL}, {SHARDS})`,
+		// The buckets. opened_at schedules the shard's next bucket (one
+		// width later); closed_at is set, in a transaction that starts after
+		// the next bucket of the shard was committed, so every row of the
+		// bucket was claimed before closed_at and has expired by closed_at
+		// + MaxTTL.
+		`CREATE TABLE {BUCKETS} (
+    id        integer     PRIMARY KEY,
+    shard     integer     NOT NULL,
+    opened_at timestamptz NOT NULL,
+    closed_at timestamptz
+)`,
+		// shard(key): the key's shard, from the first 32 bits of an MD5 of
+		// its length-prefixed parts. The ledger computes the same in Go.
+		`CREATE FUNCTION {SHARD}(p_scope text, p_tenant text, p_id text) RETURNS integer
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $fn$
+    SELECT (('x' || substr(md5(octet_length(p_scope)::text || ':' || p_scope ||
+        octet_length(p_tenant)::text || ':' || p_tenant || p_id), 1, 8))::bit(32)::bigint % {SHARDS})::integer
+$fn$`,
+		// closed(id) refuses a claim's row for bucket id, which is no
+		// longer its shard's newest (SQLSTATE JO001): the ledger's view of
+		// the buckets was stale; it reloads it and claims again.
+		`CREATE FUNCTION {CLOSED}(p_bucket integer) RETURNS integer LANGUAGE plpgsql AS $fn$
 BEGIN
-    WHILE b <= last LOOP
-        name := 'processed_events_p' || extract(epoch FROM b)::bigint;
-        IF to_regclass(format('%I.%I', {SCHEMA}, name)) IS NULL THEN
-            EXECUTE format('CREATE TABLE %I.%I (LIKE {PE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', {SCHEMA}, name);
-            EXECUTE format('ALTER TABLE {PE} ATTACH PARTITION %I.%I FOR VALUES FROM (%L) TO (%L)',
-                {SCHEMA}, name, b, b + {W}::interval);
-            n := n + 1;
-        END IF;
-        b := b + {W}::interval;
-    END LOOP;
-    RETURN n;
+    RAISE EXCEPTION 'justonce: bucket % is no longer its shard''s newest', p_bucket USING ERRCODE = 'JO001';
+END
+$fn$`,
+		// open_bucket(shard, at) attaches the shard's next bucket, opened
+		// at at. It is created as a table of its own, then attached, which
+		// locks the parent only against other DDL (SHARE UPDATE EXCLUSIVE),
+		// never against claims.
+		`CREATE FUNCTION {OPEN}(p_shard integer, p_at timestamptz) RETURNS integer LANGUAGE plpgsql AS $fn$
+DECLARE
+    v_id   integer;
+    v_name text;
+BEGIN
+    SELECT coalesce(max(b.id) + {SHARDS}, p_shard) INTO v_id FROM {BUCKETS} b WHERE b.shard = p_shard;
+    v_name := 'processed_events_b' || v_id;
+    EXECUTE format('CREATE TABLE %I.%I (LIKE {PE} INCLUDING DEFAULTS INCLUDING CONSTRAINTS)', {SCHEMA}, v_name);
+    EXECUTE format('ALTER TABLE {PE} ATTACH PARTITION %I.%I FOR VALUES IN (%s)', {SCHEMA}, v_name, v_id);
+    INSERT INTO {BUCKETS} (id, shard, opened_at) VALUES (v_id, p_shard, p_at);
+    RETURN v_id;
 END
 $fn$`,
 
@@ -167,8 +189,8 @@ $fn$`,
 		// the key that committed before the lock became ours: those claims
 		// held the lock until they committed. A row is at most once in the
 		// table: an expired row or a lapsed lease is taken over by moving
-		// the row to the current bucket. With p_existing, a key that is not
-		// claimed returns its row (claimed false); else nothing.
+		// the row to its shard's newest bucket. With p_existing, a key that
+		// is not claimed returns its row (claimed false); else nothing.
 		`CREATE FUNCTION {CLAIM}(
     p_scope text, p_tenant text, p_id text, p_fp bytea, p_source text, p_principal text,
     p_ttl_us bigint, p_lock bigint, p_lease_us bigint, p_owner text, p_existing boolean,
@@ -182,6 +204,7 @@ DECLARE
     r       {PE}%ROWTYPE;
     found_r boolean;
     v_now   timestamptz := now();
+    v_shard integer;
 BEGIN
     o_claimed := false;
     IF p_ttl_us > {MAXTTL_US} THEN
@@ -230,6 +253,7 @@ BEGIN
     ELSE
         o_status := 'done'; o_completed_at := v_now; o_leased := false;
     END IF;
+    v_shard := {SHARD}(p_scope, p_tenant, p_id);
     IF found_r THEN
         IF r.expires_at > v_now THEN
             o_attempts := r.attempts + 1;
@@ -238,13 +262,13 @@ BEGIN
             lease_owner = o_lease_owner, lease_until = o_lease_until, fencing_token = o_fencing_token,
             attempts = o_attempts, response_code = NULL, response_headers = NULL, response_body = NULL,
             error = NULL, duration_us = NULL, created_at = v_now, completed_at = o_completed_at,
-            expires_at = o_expires_at, bucket = ` + fmt.Sprintf(bucket, "v_now") + `
+            expires_at = o_expires_at, bucket = ` + newest + `
         WHERE scope = p_scope AND tenant = p_tenant AND event_id = p_id AND bucket = r.bucket;
     ELSE
         INSERT INTO {PE} (scope, tenant, event_id, status, fingerprint, source, principal, lease_owner,
             lease_until, fencing_token, attempts, created_at, completed_at, expires_at, bucket)
         VALUES (p_scope, p_tenant, p_id, o_status, p_fp, p_source, p_principal, o_lease_owner,
-            o_lease_until, o_fencing_token, 1, v_now, o_completed_at, o_expires_at, ` + fmt.Sprintf(bucket, "v_now") + `);
+            o_lease_until, o_fencing_token, 1, v_now, o_completed_at, o_expires_at, ` + newest + `);
     END IF;
 END
 $fn$`,
@@ -256,8 +280,9 @@ $fn$`,
     p_attempts integer, p_error text, p_ttl_us bigint, p_lock bigint)
 RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
 DECLARE
-    r   {PE}%ROWTYPE;
-    exp timestamptz := now() + p_ttl_us * interval '1 microsecond';
+    r       {PE}%ROWTYPE;
+    exp     timestamptz := now() + p_ttl_us * interval '1 microsecond';
+    v_shard integer := {SHARD}(p_scope, p_tenant, p_id);
 BEGIN
     IF p_ttl_us > {MAXTTL_US} THEN
         RAISE EXCEPTION 'justonce: TTL of % exceeds the ledger''s MaxTTL of %', p_ttl_us * interval '1 microsecond', {MAXTTL}::interval
@@ -273,14 +298,14 @@ BEGIN
         INSERT INTO {PE} (scope, tenant, event_id, status, fingerprint, source, principal, attempts, error,
             completed_at, expires_at, bucket)
         VALUES (p_scope, p_tenant, p_id, 'failed', p_fp, p_source, p_principal, p_attempts, p_error,
-            now(), exp, ` + fmt.Sprintf(bucket, "now()") + `);
+            now(), exp, ` + newest + `);
         RETURN true;
     END IF;
     IF r.status = 'done' AND r.expires_at > now() THEN
         RETURN false;
     END IF;
     UPDATE {PE} SET status = 'failed', error = p_error, attempts = p_attempts, completed_at = now(),
-        lease_until = NULL, expires_at = exp, bucket = ` + fmt.Sprintf(bucket, "now()") + `
+        lease_until = NULL, expires_at = exp, bucket = ` + newest + `
     WHERE scope = p_scope AND tenant = p_tenant AND event_id = p_id AND bucket = r.bucket;
     RETURN true;
 END
@@ -294,16 +319,18 @@ BEGIN
     END IF;
 END
 $do$`,
-		// Buckets from the oldest live row's to the ones ahead. A copied
-		// row lands in a bucket that is dropped only after it expires.
-		`SELECT {CREATE}(coalesce((SELECT min(greatest(created_at, expires_at - {MAXTTL}::interval))
-    FROM {OLD} WHERE expires_at > now() OR (status = 'processing' AND lease_until > now())), now()))`,
+		// Each shard's first bucket. The opening times are spread over one
+		// width, so that the shards' next buckets open, and their oldest
+		// go, one shard at a time.
+		`SELECT {OPEN}(s, now() - {W}::interval * s / {SHARDS}) FROM generate_series(0, {SHARDS} - 1) s`,
+		// The live rows (and expired rows whose lease still runs) go into
+		// their shard's first bucket, which goes only once they expired.
 		`INSERT INTO {PE} (scope, tenant, event_id, status, fingerprint, source, principal, lease_owner, lease_until,
     fencing_token, attempts, response_code, response_headers, response_body, error, duration_us, created_at,
     completed_at, expires_at, bucket)
 SELECT scope, tenant, event_id, status, fingerprint, source, principal, lease_owner, lease_until,
     fencing_token, attempts, response_code, response_headers, response_body, error, duration_us, created_at,
-    completed_at, expires_at, ` + fmt.Sprintf(bucket, "least(now(), greatest(created_at, expires_at - {MAXTTL}::interval))") + `
+    completed_at, expires_at, {SHARD}(scope, tenant, event_id)
 FROM {OLD} WHERE expires_at > now() OR (status = 'processing' AND lease_until > now())`,
 		`DROP TABLE {OLD}`,
 	}

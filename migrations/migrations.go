@@ -57,15 +57,18 @@ type Config struct {
 	Layout Layout
 	// MaxTTL is the longest TTL a time-bucket ledger accepts. Default 24h.
 	MaxTTL time.Duration
-	// BucketWidth is the time span of one bucket, whole seconds. Default
-	// MaxTTL/DefaultBucketsPerTTL (MaxTTL/6) rounded down to whole seconds:
-	// a claim looks the key up in MaxTTL/BucketWidth+1 buckets plus the
-	// ones ahead, and the table's size swings by half a bucket around its
-	// mean.
+	// BucketWidth is how long a shard writes into one bucket before the
+	// janitor opens its next, whole seconds. Default MaxTTL: a claim then
+	// looks its key up in two buckets, and the table holds between one
+	// and two MaxTTL of rows per shard (1.5 on average). A width of
+	// 2 × MaxTTL halves the time with two buckets to look in (one and a
+	// half on average) for a table a third larger.
 	BucketWidth time.Duration
-	// BucketsAhead is how many buckets past the current one exist at any
-	// time (the janitor keeps them). Default 2.
-	BucketsAhead int
+	// Shards is how many shards keys are spread over (1 to 1024). Default
+	// DefaultShards (8). The table's size swings by about
+	// ±1/(Shards × (2 + 2 × MaxTTL/BucketWidth)) around its mean; a
+	// ledger has two buckets per shard most of the time.
+	Shards int
 }
 
 // Migrator applies the embedded migrations to one schema.
