@@ -534,8 +534,10 @@ func (s *session) settle(m *consumer.Message, d consumer.Decision) {
 // when a commit cannot succeed).
 //
 // No new attempt starts for those partitions and their queued messages
-// are dropped; the callback waits for the attempts in flight, up to half
-// the rebalance timeout, then cancels them (rolled back, they come again to
+// are dropped.
+//
+// Revoked: the callback waits for the attempts in flight, up to half the
+// rebalance timeout, then cancels them (rolled back, they come again to
 // the new owner) and waits for them to return, commits what is done and
 // forgets the partitions. The group hands them to another member only
 // after the callback returns, so two members never run one partition's
@@ -544,6 +546,16 @@ func (s *session) settle(m *consumer.Message, d consumer.Decision) {
 // the partitions while the handler runs, and the ledger absorbs it (the
 // new owner gets InFlight until the old attempt ends, then Duplicate or a
 // fresh claim).
+//
+// Lost: another member may own the partitions already, and no commit of
+// this member's can succeed. The callback forgets them at once, after the
+// commit in progress if any, so the commit loop sends nothing more of
+// theirs (an attempt that ends later is not recorded: offsets.Tracker
+// ignores a forgotten partition), cancels their attempts in flight at
+// once (rolled back, they come again to the new owner, which would
+// otherwise get InFlight until they end) and waits for them to return:
+// the member rejoins only after the callback returns, and none of its old
+// attempts may then still run.
 func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[string][]int32) {
 	return func(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
 		gone := map[topicPartition]bool{}
@@ -576,6 +588,12 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 		if len(gone) == 0 {
 			return
 		}
+		if !commit {
+			s.forget(gone)
+			for _, p := range ps {
+				p.cancel()
+			}
+		}
 		s.c.log.Debug("justonce franz: partitions revoked; waiting for their handlers in flight",
 			"partitions", len(gone), "lost", !commit, "lanes_running", running)
 
@@ -590,6 +608,10 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 			}
 			close(done)
 		}()
+		if !commit {
+			<-done // cancelled above; forgotten already
+			return
+		}
 		t := time.NewTimer(budget / 2)
 		select {
 		case <-done:
@@ -605,7 +627,7 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 			p.cancel()
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), budget/4)
-		s.commitAndForget(ctx, cl, gone, commit)
+		s.commitAndForget(ctx, cl, gone)
 		cancel()
 	}
 }
@@ -624,15 +646,21 @@ func (s *session) commitLoop(ctx context.Context) {
 	}
 }
 
-// commitAndForget commits what is done of the partitions in gone (when
-// commit is set) and forgets them, in one step: no other commit comes in
-// between, so none of the commit loop's can land after it.
-func (s *session) commitAndForget(ctx context.Context, cl *kgo.Client, gone map[topicPartition]bool, commit bool) {
+// commitAndForget commits what is done of the partitions in gone and
+// forgets them, in one step: no other commit comes in between, so none of
+// the commit loop's can land after it.
+func (s *session) commitAndForget(ctx context.Context, cl *kgo.Client, gone map[topicPartition]bool) {
 	s.commitMu.Lock()
 	defer s.commitMu.Unlock()
-	if commit {
-		s.commitLocked(ctx, cl, gone)
-	}
+	s.commitLocked(ctx, cl, gone)
+	s.tr.Forget(gone)
+}
+
+// forget forgets the partitions in gone without committing them, after
+// the commit in progress if any: no commit of theirs is sent after it.
+func (s *session) forget(gone map[topicPartition]bool) {
+	s.commitMu.Lock()
+	defer s.commitMu.Unlock()
 	s.tr.Forget(gone)
 }
 

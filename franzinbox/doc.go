@@ -71,7 +71,11 @@
 //     skips what comes again). Only a handler that
 //     ignores its context's cancellation past the rebalance timeout gets
 //     this member dropped from the group while it runs; the ledger then
-//     answers InFlight, then Duplicate, to the new owner.
+//     answers InFlight, then Duplicate, to the new owner. Partitions lost
+//     rather than revoked (this member was dropped from the group) are
+//     forgotten at once: nothing more of them is committed, and their
+//     attempts in flight are cancelled at once and rolled back, to run
+//     again at the new owner.
 //   - Run stops as every front does (see the consumer package, "Fronts"):
 //     it stops polling when its context ends, lets in-flight work finish
 //     (up to Config.ShutdownTimeout), commits, leaves the group and returns

@@ -25,8 +25,11 @@ import (
 // counted, not flagged, so that a copy fetched twice is safe too.
 //
 // A partition's state can be forgotten when the partition is revoked
-// (after its last commit), so that a later assignment of it starts afresh
-// from the group's committed offset.
+// (after its last commit) or lost (at once, with attempts still in
+// flight), so that a later assignment of it starts afresh from the group's
+// committed offset. Only Fetched starts a partition's state: Done and
+// Committed ignore a partition that is not tracked, so an attempt that
+// ends after its partition was forgotten never makes it committable again.
 //
 // A Tracker is safe for concurrent use.
 type Tracker[K comparable] struct {
@@ -66,11 +69,15 @@ func (t *Tracker[K]) Fetched(tp K, offset int64) {
 
 // Done records that the message at offset of tp was acknowledged: its
 // ledger transaction committed, it was a duplicate, or it was
-// dead-lettered.
+// dead-lettered. It is ignored when tp is not tracked: forgotten (its
+// partition was lost) while the message ran.
 func (t *Tracker[K]) Done(tp K, offset int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	p := t.part(tp)
+	p, ok := t.parts[tp]
+	if !ok {
+		return
+	}
 	if n := p.pending[offset]; n > 1 {
 		p.pending[offset] = n - 1
 	} else {
@@ -110,18 +117,21 @@ func (t *Tracker[K]) Committable(only map[K]bool) map[K]int64 {
 }
 
 // Committed records a successful commit of offsets; an offset below one
-// already committed for its partition is ignored.
+// already committed for its partition is ignored, and so is a partition
+// not tracked (forgotten since).
 func (t *Tracker[K]) Committed(offsets map[K]int64) {
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	for tp, off := range offsets {
-		if p := t.part(tp); off > p.committed {
+		if p, ok := t.parts[tp]; ok && off > p.committed {
 			p.committed = off
 		}
 	}
 }
 
-// Forget drops the state of the partitions in tps.
+// Forget drops the state of the partitions in tps. Until a partition is
+// fetched again, Done and Committed ignore it and Committable leaves it
+// out.
 func (t *Tracker[K]) Forget(tps map[K]bool) {
 	t.mu.Lock()
 	defer t.mu.Unlock()

@@ -176,6 +176,34 @@ func testTracker[K comparable](t *testing.T, key func(topic string, partition in
 		tr.Forget(nil)
 		require.Equal(t, map[K]int64{tp: 6, other: 3}, tr.Committable(nil))
 	})
+
+	t.Run("ForgottenWhileRunning", func(t *testing.T) {
+		// 7 and 8 fetched, 7 done, then the partition is lost: forgotten
+		// at once while 8 still runs. 8 ends after that (its transaction
+		// committed, or a commit of 9 answered late): neither makes the
+		// partition committable again, so nothing of it is committed.
+		tr := NewTracker[K]()
+		tr.Fetched(tp, 7)
+		tr.Fetched(tp, 8)
+		tr.Done(tp, 7)
+		require.Equal(t, map[K]int64{tp: 8}, tr.Committable(nil))
+
+		tr.Forget(map[K]bool{tp: true})
+		tr.Done(tp, 8)
+		require.Empty(t, tr.Committable(nil), "a message done after its partition was forgotten")
+		tr.Committed(map[K]int64{tp: 9})
+		require.Empty(t, tr.Committable(nil), "a commit recorded after its partition was forgotten")
+
+		// A later assignment starts from the group's committed offset, 5:
+		// neither the late Done nor the late commit of 9 holds it back.
+		tr.Fetched(tp, 5)
+		_, ok := next(tr)
+		require.False(t, ok, "5 is pending")
+		tr.Done(tp, 5)
+		off, ok := next(tr)
+		require.True(t, ok)
+		require.EqualValues(t, 6, off)
+	})
 }
 
 // BenchmarkTracker measures the per-message hot path: one Fetched and one
