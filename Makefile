@@ -7,7 +7,7 @@ GO ?= go
 # (The year-style tag is not resolvable through the module proxy; pin the semver.)
 STATICCHECK_VERSION ?= v0.8.2
 
-.PHONY: all services-up services-down services-status test lint bench demo fuzz chaos chaos-short generate
+.PHONY: all services-up services-down services-status test lint bench demo fuzz chaos chaos-short chaos-buckets generate
 
 all: lint test
 
@@ -81,6 +81,15 @@ chaos-short: services-up
 	$(GO) run ./internal/chaos -events 5000 -kills 8 -redis-outages 2 -pg-terminates 3 -pg-crashes 1 \
 		-kafka-crashes 1 -nats-restarts 1 -net-faults 3 -releases 2 -hostile-every 100 -http-keys 500 \
 		-two-hop 2000 -two-hop-http-keys 300 -relay-kills 3 -timeout 8m
+
+# chaos-buckets: the fault matrix on the time-bucket ledger layout, at a size CI
+# runs: each key shard moves to a new bucket every 10 s, so buckets turn over and
+# the workers' views of them go stale while consumers, Postgres, Kafka and Redis
+# are killed around them.
+chaos-buckets: services-up
+	$(GO) run ./internal/chaos -layout buckets -bucket-width 10s -events 2000 -kills 6 -redis-outages 1 \
+		-pg-terminates 2 -pg-crashes 1 -kafka-crashes 1 -nats-restarts 1 -net-faults 2 -releases 1 \
+		-hostile-every 100 -http-keys 300 -two-hop 1000 -two-hop-http-keys 200 -relay-kills 2 -timeout 6m
 
 # bench-peers: justonce's Kafka consumer (defaults) beside what a user would use
 # instead (a hand-written inbox table, Watermill's Kafka subscriber and its

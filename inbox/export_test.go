@@ -1,6 +1,9 @@
 package inbox
 
-import "strings"
+import (
+	"context"
+	"strings"
+)
 
 // JanitorLockSQL returns a statement taking the janitor's advisory lock, for
 // tests.
@@ -14,3 +17,13 @@ func (l *Ledger) RedisKeys(k Key) (res, lock string) { return l.fast.keys(k) }
 
 // ShardOf exposes the key's shard on the time-bucket layout to tests.
 func ShardOf(k Key, shards int) int { return shardOf(k, shards) }
+
+// DropAtOnce makes the janitor of l, a time-bucket ledger, drop a detached
+// bucket's table in the same pass, for tests that watch the drop.
+func (l *Ledger) DropAtOnce(ctx context.Context) error {
+	if err := l.store.detect(ctx, l.pool); err != nil {
+		return err
+	}
+	l.store.dropGrace = 0
+	return nil
+}

@@ -29,12 +29,12 @@ var ErrJanitorBusy = errors.New("justonce/inbox: another janitor is purging this
 // ErrJanitorBusy.
 //
 // On the time-bucket layout (migrations.LayoutTimeBuckets) Purge deletes no
-// rows: it creates the buckets ahead, and detaches and drops each bucket
-// whose rows have all expired and hold no running lease; it returns the
-// rows those buckets held, as Postgres estimates them. The detach waits for
-// transactions still using the table, without blocking claims. Claims fail
-// once time runs past the buckets ahead, so the janitor must run more often
-// than every BucketsAhead × BucketWidth.
+// rows: it opens each shard's next bucket when it is due, and detaches and
+// drops each bucket closed at least MaxTTL ago (all its rows have expired)
+// that holds no running lease; it returns the rows those buckets held, as
+// Postgres estimates them. The detach waits for transactions still using
+// the table, without blocking claims. While no janitor runs, claims go on
+// in the newest buckets, which grow.
 func (l *Ledger) Purge(ctx context.Context, cfg JanitorConfig) (deleted int64, err error) {
 	cfg.setDefaults()
 	if err := l.store.detect(ctx, l.pool); err != nil {

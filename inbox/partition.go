@@ -34,7 +34,8 @@ import (
 // dropped since makes the look-up fail (42P01). Either way the claim is
 // made again with a fresh view.
 type bucketView struct {
-	loaded time.Time
+	loaded time.Time // local clock
+	dbTime time.Time // the database's clock when the view was loaded
 	shards []shardSQL
 }
 
@@ -42,8 +43,12 @@ type bucketView struct {
 type shardSQL struct {
 	// lock takes the key's lock ($1) and returns now(), whether the
 	// transaction is READ COMMITTED, and whether the view's newest bucket
-	// of the shard is still its newest.
-	lock string
+	// of the shard is still its newest. lockEarly is lock for the time
+	// before the janitor may open the shard's next bucket (nextOpen, on
+	// the database's clock): it skips that check, which the row's INSERT
+	// makes anyway.
+	lock, lockEarly string
+	nextOpen        time.Time
 	// lookup looks the key ($1, $2, $3) up in the shard's buckets.
 	lookup string
 	// insert writes the row into the shard's newest bucket, refusing
@@ -51,10 +56,15 @@ type shardSQL struct {
 	insert string
 }
 
-// bucketViewMaxAge bounds how long a view is used without reloading; a
-// stale view is caught anyway (see bucketView), this only saves the
-// retry.
-const bucketViewMaxAge = 30 * time.Second
+// A view is used for at most viewMaxAge (an eighth of the bucket width,
+// between 1 and 30 s) before it is loaded again: a stale view is caught
+// anyway (see bucketView); this bounds how long a view may still name a
+// detached bucket, whose table the janitor drops dropGrace after the
+// detach.
+func viewTimes(width time.Duration) (viewMaxAge, dropGrace time.Duration) {
+	viewMaxAge = min(max(width/8, time.Second), 30*time.Second)
+	return viewMaxAge, viewMaxAge + 2*time.Second
+}
 
 // detect finds out the table's layout, once: the statements that differ
 // (claims, failures, the janitor) are switched before first use.
@@ -90,6 +100,7 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 	s.buckets = true
 	s.shards = shards
 	s.width = width
+	s.viewMaxAge, s.dropGrace = viewTimes(width)
 	s.oid = "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
 	r := strings.NewReplacer("{T}", s.table, "{OID}", s.oid, "{CLAIM}", s.ident("processed_events_claim"),
 		"{FAIL}", s.ident("processed_events_fail"), "{SHARD}", s.ident("processed_events_shard"),
@@ -175,13 +186,21 @@ func (s *pgStore) doStatements(ctx context.Context, q querier, k Key) (shardSQL,
 		return shardSQL{lock: s.lockOneSQL, lookup: s.lookupSQL}, nil
 	}
 	v := s.view.Load()
-	if v == nil || time.Since(v.loaded) > bucketViewMaxAge {
+	if v == nil || time.Since(v.loaded) > s.viewMaxAge {
 		var err error
 		if v, err = s.loadView(ctx, q); err != nil {
 			return shardSQL{}, fmt.Errorf("bucket view: %w", err)
 		}
 	}
-	return v.shards[shardOf(k, s.shards)], nil
+	st := v.shards[shardOf(k, s.shards)]
+	// Well before the shard's next bucket may open, the lock statement
+	// need not look for it. The margin covers this clock's drift from the
+	// database's over the view's life; a bucket opened all the same is
+	// still caught by the row's INSERT.
+	if v.dbTime.Add(time.Since(v.loaded)).Before(st.nextOpen.Add(-time.Second)) {
+		st.lock = st.lockEarly
+	}
+	return st, nil
 }
 
 // invalidateView makes the next claim load the bucket view again.
@@ -190,27 +209,34 @@ func (s *pgStore) invalidateView() { s.view.Store(nil) }
 // loadView reads the bucket list and builds each shard's statements.
 func (s *pgStore) loadView(ctx context.Context, q querier) (*bucketView, error) {
 	ids := make([][]int32, s.shards)
-	rows, err := q.Query(ctx, `SELECT shard, array_agg(id ORDER BY id) FROM `+s.ident("processed_events_buckets")+` GROUP BY shard`)
+	opened := make([]time.Time, s.shards)
+	loaded := time.Now()
+	var dbTime time.Time
+	rows, err := q.Query(ctx, `SELECT shard, array_agg(id ORDER BY id), max(opened_at), now()
+		FROM `+s.ident("processed_events_buckets")+` WHERE detached_at IS NULL GROUP BY shard`)
 	if err != nil {
 		return nil, err
 	}
 	var shard int32
 	var list []int32
-	if _, err := pgx.ForEachRow(rows, []any{&shard, &list}, func() error {
+	var at time.Time
+	if _, err := pgx.ForEachRow(rows, []any{&shard, &list, &at, &dbTime}, func() error {
 		if shard < 0 || int(shard) >= s.shards {
 			return fmt.Errorf("bucket of shard %d in a ledger of %d shards", shard, s.shards)
 		}
 		ids[shard] = append([]int32(nil), list...)
+		opened[shard] = at
 		return nil
 	}); err != nil {
 		return nil, err
 	}
-	v := &bucketView{loaded: time.Now(), shards: make([]shardSQL, s.shards)}
+	v := &bucketView{loaded: loaded, dbTime: dbTime, shards: make([]shardSQL, s.shards)}
 	for sh, list := range ids {
 		if len(list) == 0 {
 			return nil, fmt.Errorf("shard %d has no bucket", sh)
 		}
 		v.shards[sh] = s.shardStatements(list)
+		v.shards[sh].nextOpen = opened[sh].Add(s.width)
 	}
 	s.view.Store(v)
 	return v, nil
@@ -223,14 +249,22 @@ func (s *pgStore) shardStatements(ids []int32) shardSQL {
 	next := s.ident(bucketName(newest + s.shards))
 	fresh := `to_regclass('` + strings.ReplaceAll(next, "'", "''") + `') IS NULL`
 	var st shardSQL
-	st.lock = strings.NewReplacer("{T}", s.table, "{OID}", s.oid).Replace(
+	st.lockEarly = strings.NewReplacer("{T}", s.table, "{OID}", s.oid).Replace(
 		`SELECT pg_try_advisory_xact_lock($1::bigint # {OID}), now(),
-			current_setting('transaction_isolation') = 'read committed', `) + fresh
+			current_setting('transaction_isolation') = 'read committed', true`)
+	st.lock = strings.TrimSuffix(st.lockEarly, "true") + fresh
+	// One projection over the buckets' rows, newest bucket first, and the
+	// first row found: a key has one row in the buckets the partitioned
+	// table shows, but a bucket already detached (and not yet dropped) may
+	// still hold an expired row of it, which the view can name a little
+	// longer.
 	parts := make([]string, len(ids))
 	for i, id := range ids {
-		parts[i] = strings.Replace(s.lookupSQL, "FROM "+s.table+" e", "FROM "+s.ident(bucketName(int(id)))+" e", 1)
+		parts[len(ids)-1-i] = `SELECT * FROM ` + s.ident(bucketName(int(id))) +
+			` WHERE scope = $1 AND tenant = $2 AND event_id = $3`
 	}
-	st.lookup = strings.Join(parts, "\n\tUNION ALL ")
+	st.lookup = strings.Replace(s.lookupSQL, "FROM "+s.table+" e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3",
+		"FROM ("+strings.Join(parts, "\n\t\tUNION ALL ")+") e LIMIT 1", 1)
 	st.insert = `INSERT INTO ` + s.ident(bucketName(newest)) + ` (scope, tenant, event_id, status, fingerprint, source, principal,
 		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
 	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
@@ -367,31 +401,48 @@ ORDER BY c.relname`, s.table)
 		}
 		dropped += p.rows
 	}
-	// Detached buckets leave the list, then go. Claims name bucket tables
-	// directly, so the DROP may wait for one that still uses its table:
-	// it gives up quickly, and a later pass drops the table.
-	rows, err = conn.Query(ctx, `SELECT c.relname::text FROM pg_class c
+	// Detached buckets leave the bucket list at once (views loaded from
+	// now on do not name them), and their tables go once every view that
+	// could still name them has expired: a DROP that waited for a claim
+	// using its table would hold up every claim queued behind it. A claim
+	// running longer than that still holds the DROP up, for a moment: the
+	// DROP gives up quickly and a later pass tries again.
+	rows, err = conn.Query(ctx, `SELECT c.relname::text,
+			coalesce(b.detached_at, now()) <= now() - $2::bigint * interval '1 microsecond'
+		FROM pg_class c LEFT JOIN `+buckets+` b ON b.id::text = substring(c.relname FROM '_b([0-9]+)$')
 		WHERE c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass)
-			AND c.relname ~ '^processed_events_b[0-9]+$' AND c.relkind = 'r' AND NOT c.relispartition`, s.table)
+			AND c.relname ~ '^processed_events_b[0-9]+$' AND c.relkind = 'r' AND NOT c.relispartition`,
+		s.table, s.dropGrace.Microseconds())
 	if err != nil {
 		return dropped, true, err
 	}
-	orphans, err := pgx.CollectRows(rows, pgx.RowTo[string])
-	if err != nil {
+	type detached struct {
+		name string
+		due  bool
+	}
+	var gone []detached
+	var dt detached
+	if _, err := pgx.ForEachRow(rows, []any{&dt.name, &dt.due}, func() error { gone = append(gone, dt); return nil }); err != nil {
 		return dropped, true, err
 	}
-	for _, o := range orphans {
-		id := strings.TrimPrefix(o, "processed_events_b")
-		if _, err := conn.Exec(ctx, `DELETE FROM `+buckets+` WHERE id = $1::integer`, id); err != nil {
-			return dropped, true, fmt.Errorf("forget bucket %s: %w", id, err)
+	for _, d := range gone {
+		id := strings.TrimPrefix(d.name, "processed_events_b")
+		if _, err := conn.Exec(ctx, `UPDATE `+buckets+` SET detached_at = now() WHERE id = $1::integer AND detached_at IS NULL`, id); err != nil {
+			return dropped, true, fmt.Errorf("bucket %s detached: %w", id, err)
 		}
-		if _, err := conn.Exec(ctx, `BEGIN; SET LOCAL lock_timeout = '200ms'; DROP TABLE `+s.ident(o)+`; COMMIT`); err != nil {
+		if !d.due {
+			continue
+		}
+		if _, err := conn.Exec(ctx, `BEGIN; SET LOCAL lock_timeout = '200ms'; DROP TABLE `+s.ident(d.name)+`; COMMIT`); err != nil {
 			_, _ = conn.Exec(ctx, `ROLLBACK`)
 			var pgErr *pgconn.PgError
 			if errors.As(err, &pgErr) && pgErr.Code == "55P03" { // lock_not_available
 				continue
 			}
-			return dropped, true, fmt.Errorf("drop %s: %w", o, err)
+			return dropped, true, fmt.Errorf("drop %s: %w", d.name, err)
+		}
+		if _, err := conn.Exec(ctx, `DELETE FROM `+buckets+` WHERE id = $1::integer`, id); err != nil {
+			return dropped, true, fmt.Errorf("forget bucket %s: %w", id, err)
 		}
 	}
 	return dropped, true, nil

@@ -32,7 +32,10 @@ type pgStore struct {
 	width   time.Duration // time buckets: how long a shard writes into one bucket
 	ttlSQL  string        // time buckets: a TTL in microseconds (%[1]s), refused past MaxTTL
 	oid     string        // time buckets: the table's OID, shifted, for lock keys
-	view    atomic.Pointer[bucketView]
+	// time buckets: how long a view of the buckets is used, and how long
+	// after its detach a bucket's table is dropped (see viewTimes)
+	viewMaxAge, dropGrace time.Duration
+	view                  atomic.Pointer[bucketView]
 
 	claimSQL, claimOneSQL, lookupSQL, completeSQL         string
 	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string

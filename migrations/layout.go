@@ -148,7 +148,10 @@ func timeBucketSQL(schema string, cfg Config) []string {
     id        integer     PRIMARY KEY,
     shard     integer     NOT NULL,
     opened_at timestamptz NOT NULL,
-    closed_at timestamptz
+    closed_at timestamptz,
+    -- Set once the bucket is detached: claims stop naming its table, which
+    -- is dropped a little later.
+    detached_at timestamptz
 )`,
 		// shard(key): the key's shard, from the first 32 bits of an MD5 of
 		// its length-prefixed parts. The ledger computes the same in Go.

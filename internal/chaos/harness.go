@@ -72,6 +72,7 @@ type summary struct {
 	natsSync                                 string
 	layout                                   string
 	bucketLayout                             bool
+	bucketsOpened                            int
 	killsBy                                  map[string]int // SIGKILLs by worker role
 	hops                                     *hops
 	hopLost, hopDoubled, hopLeaked           map[string]int
@@ -141,8 +142,8 @@ func (s *summary) print(w io.Writer) {
 	fmt.Fprintf(w, "  hostile handler runs        swallowed error %d, deferred constraint %d, panic %d, slower than the lock TTL %d\n",
 		s.obs.get("hostile:swallow"), s.obs.get("hostile:deferred"), s.obs.get("hostile:panic"), s.obs.get("hostile:slow"))
 	if s.bucketLayout {
-		fmt.Fprintf(w, "  janitor                     %d short-TTL rows written, %d gone (time buckets: a bucket is dropped MaxTTL after its end, not within a run)\n",
-			s.janitorCreated, s.janitorGone)
+		fmt.Fprintf(w, "  janitor                     %d short-TTL rows written, %d gone (time buckets: a bucket is dropped MaxTTL after it closed, not within a run); %d buckets opened during the run\n",
+			s.janitorCreated, s.janitorGone, s.bucketsOpened)
 	} else {
 		fmt.Fprintf(w, "  janitor                     %d short-TTL rows written, %d purged, %d expired rows left behind\n",
 			s.janitorCreated, s.janitorGone, s.janitorLeft)
@@ -275,7 +276,8 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 	case "buckets", string(migrations.LayoutTimeBuckets):
 		layout = migrations.LayoutTimeBuckets
 		sum.bucketLayout = true
-		sum.layout = "time buckets (processed_events partitioned by claim time; the janitor drops whole buckets)"
+		sum.layout = fmt.Sprintf("time buckets (processed_events partitioned into buckets of %d key shards; each shard moves to a new bucket every %v; the janitor drops whole buckets)",
+			migrations.DefaultShards, o.bucketWidth)
 	default:
 		return sum, fmt.Errorf("-layout %q: plain or buckets", o.layout)
 	}
@@ -349,7 +351,11 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 		return sum, err
 	}
 	defer pool.Close()
-	if _, err := migrations.New(pool, migrations.Config{Schema: schema, Layout: layout}).Up(ctx); err != nil {
+	mc := migrations.Config{Schema: schema, Layout: layout}
+	if layout == migrations.LayoutTimeBuckets {
+		mc.BucketWidth = o.bucketWidth
+	}
+	if _, err := migrations.New(pool, mc).Up(ctx); err != nil {
 		return sum, err
 	}
 	if _, err := pool.Exec(ctx, hostileSchema); err != nil {
@@ -917,13 +923,20 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 	sum.janitorCreated = int(janitorCreated.Load())
 	if o.janitor && layout == migrations.LayoutTimeBuckets {
 		// A bucket is dropped once every row in it has expired: MaxTTL
-		// after its end, far after a run. The janitor runs (it keeps the
-		// buckets ahead) and must drop nothing the verdict needs.
+		// after it closed, far after a run. The janitor runs (it opens
+		// buckets, so that they turn over during the run) and must drop
+		// nothing the verdict needs.
 		var all int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FROM processed_events WHERE scope = $1`, janitorScope).Scan(&all); err != nil {
 			return sum, err
 		}
 		sum.janitorGone = sum.janitorCreated - all
+		if err := pool.QueryRow(ctx, `SELECT count(*) - $1::int FROM processed_events_buckets`, migrations.DefaultShards).Scan(&sum.bucketsOpened); err != nil {
+			return sum, err
+		}
+		if sum.bucketsOpened == 0 {
+			sum.problem("janitor: no bucket opened during the run (-bucket-width %v)", o.bucketWidth)
+		}
 	} else if o.janitor {
 		var left, all int
 		if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE expires_at < $2::timestamptz - interval '5 seconds'), count(*)

@@ -104,12 +104,13 @@ type options struct {
 	transports     string        // kafka,nats,http
 	batch          int           // consumer batch size (0: per event)
 	killEvery      time.Duration
-	layout         string // ledger layout: plain or buckets
-	twoHop         int    // unique source events of the kafka>nats pipeline (0: off)
-	twoHopHTTPKeys int    // Idempotency-Keys of the http>kafka pipeline (0: off)
-	hopWorkers     int    // processes per pipeline role (A and B of each pipeline)
-	relays         int    // outbox relay processes
-	relayKills     int    // SIGKILLs of relay processes at least
+	layout         string        // ledger layout: plain or buckets
+	bucketWidth    time.Duration // time buckets: how often each shard moves to a new bucket
+	twoHop         int           // unique source events of the kafka>nats pipeline (0: off)
+	twoHopHTTPKeys int           // Idempotency-Keys of the http>kafka pipeline (0: off)
+	hopWorkers     int           // processes per pipeline role (A and B of each pipeline)
+	relays         int           // outbox relay processes
+	relayKills     int           // SIGKILLs of relay processes at least
 }
 
 func main() {
@@ -138,6 +139,7 @@ func main() {
 	flag.IntVar(&o.batch, "batch", 0, "consumer batch size (0: one transaction per event)")
 	flag.DurationVar(&o.killEvery, "kill-every", 700*time.Millisecond, "pause between faults")
 	flag.StringVar(&o.layout, "layout", "plain", "ledger layout: plain or buckets (migrations.LayoutTimeBuckets)")
+	flag.DurationVar(&o.bucketWidth, "bucket-width", 20*time.Second, "with -layout buckets: how often each shard moves to a new bucket (the janitor opens them), so that buckets turn over and the workers' views of them go stale during the run")
 	flag.IntVar(&o.twoHop, "two-hop", 20_000, "unique source events of the two-hop Kafka → A (inbox + outbox) → NATS → B pipeline (0: off)")
 	flag.IntVar(&o.twoHopHTTPKeys, "two-hop-http-keys", 1000, "Idempotency-Keys of the two-hop HTTP → A (bridge + outbox) → Kafka → B pipeline (0: off)")
 	flag.IntVar(&o.hopWorkers, "hop-workers", 2, "processes per two-hop role (A and B of each pipeline)")
