@@ -354,7 +354,7 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 
 // takeOver claims, with the claim statement, a key whose row the lock
 // holder may take over (on the time-bucket layout the claim moves the row
-// to the current bucket), then runs fn and records its result with an
+// to its shard's newest bucket), then runs fn and records its result with an
 // update.
 func (l *Ledger) takeOver(ctx context.Context, conn *pgx.Conn, req Request, fn TxFunc) (Outcome, bool, error) {
 	var c claimedScan

@@ -321,7 +321,12 @@ func (s *pgStore) maintainBuckets(ctx context.Context, l *Ledger) (dropped int64
 		}
 	}()
 	// The process's own claims see the changes at once.
-	defer s.invalidateView()
+	changed := false
+	defer func() {
+		if changed {
+			s.invalidateView()
+		}
+	}()
 
 	buckets, layout := s.ident("processed_events_buckets"), s.ident("processed_events_layout")
 	// Open the buckets due, each in a transaction of its own: the next
@@ -348,6 +353,7 @@ func (s *pgStore) maintainBuckets(ctx context.Context, l *Ledger) (dropped int64
 		if _, err := conn.Exec(ctx, `SELECT `+s.ident("processed_events_open_bucket")+`($1, $2)`, d.shard, d.at); err != nil {
 			return 0, true, fmt.Errorf("open a bucket of shard %d: %w", d.shard, err)
 		}
+		changed = true
 	}
 	if _, err := conn.Exec(ctx, `UPDATE `+buckets+` b SET closed_at = now()
 		WHERE b.closed_at IS NULL AND EXISTS (SELECT 1 FROM `+buckets+` n WHERE n.shard = b.shard AND n.id > b.id)`); err != nil {
@@ -400,6 +406,7 @@ ORDER BY c.relname`, s.table)
 			return dropped, true, fmt.Errorf("finish detaching %s: %w", p.name, err)
 		}
 		dropped += p.rows
+		changed = true
 	}
 	// Detached buckets leave the bucket list at once (views loaded from
 	// now on do not name them), and their tables go once every view that

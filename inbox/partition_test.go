@@ -411,7 +411,7 @@ func batchNoop(context.Context, pgx.Tx, []int) ([]inbox.Result, error) { return 
 // over a key whose expired row sits in the bucket to drop) while the
 // janitor detaches that bucket. The janitor waits for it; other claims,
 // including one of a key in the same bucket, go on; after the commit the
-// taken-over key lives in the current bucket.
+// taken-over key lives in the newest bucket of its shard.
 func TestBucketsClaimRacesADrop(t *testing.T) {
 	t.Parallel()
 	b := bucketsLedger(t, time.Second, 3*time.Second)
@@ -615,7 +615,7 @@ func TestBucketsRefuseRepeatableRead(t *testing.T) {
 }
 
 // Do and DoBatch on the time-bucket layout write each row once, complete,
-// into the current bucket; a key is found in any bucket whatever the TTL
+// into the newest bucket of its shard; a key is found in any bucket whatever the TTL
 // of the call that asks; an expired row in an older bucket is taken over
 // by moving it, so a key never has two rows.
 func TestBucketsWriteOnce(t *testing.T) {
@@ -672,7 +672,7 @@ func TestBucketsWriteOnce(t *testing.T) {
 
 // A Do whose handler is still running when the janitor drops the bucket
 // that held the key's expired row (which the Do took over): the janitor
-// waits for it, and the key ends in the current bucket, once.
+// waits for it, and the key ends in the newest bucket of its shard, once.
 func TestBucketsDoRacesADrop(t *testing.T) {
 	t.Parallel()
 	b := bucketsLedger(t, time.Second, 2*time.Second)
@@ -936,4 +936,49 @@ func TestBucketsJanitorSchedule(t *testing.T) {
 	for id := 0; id < migrations.DefaultShards; id++ {
 		require.True(t, gone(t, b, id))
 	}
+}
+
+// DoEach (the batched consumers' claim) on the time-bucket layout: keys
+// new, done, expired (taken over), and done in a bucket opened since the
+// ledger's view was loaded, in one run; each runs once.
+func TestBucketsDoEach(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Hour, 2*time.Second)
+	ctx := context.Background()
+	other, err := inbox.New(b.pg.Pool, inbox.Config{DefaultTTL: 2 * time.Second}) // another process
+	require.NoError(t, err)
+	short := req("orders", "short")
+	short.TTL = 100 * time.Millisecond
+	for _, r := range []inbox.Request{req("orders", "done"), short} {
+		_, err := b.ledger.Do(ctx, r, noop) // also loads the view
+		require.NoError(t, err)
+	}
+	openNext(t, b)
+	_, err = other.Do(ctx, req("orders", "elsewhere"), noop) // in a bucket the view does not know
+	require.NoError(t, err)
+	testsvc.Eventually(t, 5*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'short' AND expires_at <= now()`) == 1
+	}, "row expires")
+
+	reqs := []inbox.Request{req("orders", "new-1"), req("orders", "done"), short, req("orders", "elsewhere"), req("orders", "new-2")}
+	var ran []int
+	run, err := b.ledger.DoEach(ctx, reqs, inbox.EachOptions{}, func(ctx context.Context, tx pgx.Tx, i int) (inbox.Result, error) {
+		ran = append(ran, i)
+		_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, reqs[i].ID)
+		return inbox.Result{Code: 200 + i}, err
+	})
+	require.NoError(t, err)
+	require.NoError(t, run.Failed)
+	require.Equal(t, []int{0, 2, 4}, ran)
+	var got []inbox.Disposition
+	for _, o := range run.Outcomes {
+		got = append(got, o.Disposition)
+	}
+	require.Equal(t, []inbox.Disposition{inbox.Executed, inbox.Duplicate, inbox.Executed, inbox.Duplicate, inbox.Executed}, got)
+	// One row per key, each in its shard's newest bucket, with its result.
+	require.Equal(t, 3, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id IN ('new-1', 'short', 'new-2')
+		AND bucket = (SELECT max(id) FROM processed_events_buckets WHERE shard = processed_events_shard(scope, tenant, event_id))
+		AND response_code IS NOT NULL`))
+	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'short'`))
+	require.Equal(t, 3, b.pg.Count(t, `SELECT count(*) FROM payments`))
 }

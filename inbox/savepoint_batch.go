@@ -235,52 +235,70 @@ func (r *eachRun) run(ctx context.Context) (EachRun, error) {
 		pending = pending[:0]
 		b.Queue("SAVEPOINT justonce_each")
 		c := &claims[i]
-		claimed := false
-		b.Queue(l.store.claimOneSQL, claimOneArgs(req, l.ttl(req), 0, "")...).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(c.dest()...)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
+		if l.store.buckets {
+			cr, err := l.claimEachBuckets(ctx, conn, b, req, c)
+			inTx = true
+			if err != nil {
+				rollback(conn)
+				panicked = false
+				return EachRun{}, err
 			}
-			claimed = err == nil
-			return err
-		})
-		inTx = true
-		if err := conn.SendBatch(ctx, b).Close(); err != nil {
-			rollback(conn)
-			panicked = false
-			return EachRun{}, storeErr("claim", err)
-		}
-		if !claimed {
-			// Not new: free the key's lock and read its row, in one round
-			// trip.
-			var ls recordScan
-			found := false
-			b := &pgx.Batch{}
-			b.Queue("ROLLBACK TO SAVEPOINT justonce_each")
-			b.Queue("RELEASE SAVEPOINT justonce_each")
-			b.Queue(l.store.lookupSQL, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
-				err := row.Scan(ls.dest()...)
+			if !cr.claimed {
+				out := classify(req, cr)
+				outs = append(outs, out)
+				if out.Disposition == InFlight {
+					stop = true
+				}
+				continue
+			}
+		} else {
+			claimed := false
+			b.Queue(l.store.claimOneSQL, claimOneArgs(req, l.ttl(req), 0, "")...).QueryRow(func(row pgx.Row) error {
+				err := row.Scan(c.dest()...)
 				if errors.Is(err, pgx.ErrNoRows) {
 					return nil
 				}
-				found = err == nil
+				claimed = err == nil
 				return err
 			})
+			inTx = true
 			if err := conn.SendBatch(ctx, b).Close(); err != nil {
 				rollback(conn)
 				panicked = false
-				return EachRun{}, storeErr("lookup", err)
+				return EachRun{}, storeErr("claim", err)
 			}
-			var cr claimRow
-			if found {
-				cr.rec, cr.live, _ = ls.record(req.Key)
+			if !claimed {
+				// Not new: free the key's lock and read its row, in one round
+				// trip.
+				var ls recordScan
+				found := false
+				b := &pgx.Batch{}
+				b.Queue("ROLLBACK TO SAVEPOINT justonce_each")
+				b.Queue("RELEASE SAVEPOINT justonce_each")
+				b.Queue(l.store.lookupSQL, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
+					err := row.Scan(ls.dest()...)
+					if errors.Is(err, pgx.ErrNoRows) {
+						return nil
+					}
+					found = err == nil
+					return err
+				})
+				if err := conn.SendBatch(ctx, b).Close(); err != nil {
+					rollback(conn)
+					panicked = false
+					return EachRun{}, storeErr("lookup", err)
+				}
+				var cr claimRow
+				if found {
+					cr.rec, cr.live, _ = ls.record(req.Key)
+				}
+				out := classify(req, cr)
+				outs = append(outs, out)
+				if out.Disposition == InFlight {
+					stop = true
+				}
+				continue
 			}
-			out := classify(req, cr)
-			outs = append(outs, out)
-			if out.Disposition == InFlight {
-				stop = true
-			}
-			continue
 		}
 
 		res, err := r.fn(WithEvent(ctx, req.Key), tx, i)
@@ -582,4 +600,118 @@ func (f *redisFront) evalMany(ctx context.Context, script *redis.Script, keys []
 		_, _ = pipe.Exec(ctx)
 	}
 	return cmds
+}
+
+// claimEachBuckets is DoEach's claim of req on the time-bucket layout,
+// inside the savepoint justonce_each that b (not yet sent) opens: like Do,
+// the key's lock and a look-up in the buckets of the key's shard, named
+// from the view, in one round trip; then, for a new key, its row written
+// into the shard's newest bucket (a second round trip), or for a row to
+// take over, the layout's claim function. A stale view (a bucket opened
+// since it was loaded) rolls the savepoint back and claims again with a
+// fresh view; a bucket table dropped since fails the run. A key not
+// claimed comes back with its row, the
+// savepoint rolled back and released (which frees the key's lock); a key
+// claimed leaves its columns in c.
+func (l *Ledger) claimEachBuckets(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, req Request, c *claimedScan) (claimRow, error) {
+	// One simple-protocol message: a batch would prepare RELEASE before
+	// the ROLLBACK TO ran, which an aborted savepoint refuses.
+	undo := func() error {
+		_, err := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT justonce_each; RELEASE SAVEPOINT justonce_each")
+		return err
+	}
+	ttl := l.ttl(req)
+	for attempt := 1; ; attempt++ {
+		st, err := l.store.doStatements(ctx, conn, req.Key)
+		if err != nil {
+			return claimRow{}, storeErr("claim", err)
+		}
+		var locked, readCommitted, fresh, found bool
+		var now time.Time
+		var ls recordScan
+		b.Queue(st.lock, lockKey(req.Key)).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&locked, &now, &readCommitted, &fresh)
+		})
+		b.Queue(st.lookup, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(ls.dest()...)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			found = err == nil
+			return err
+		})
+		err = conn.SendBatch(ctx, b).Close()
+		if err != nil && isStaleView(err) {
+			// A bucket table the view names is gone. The batch may have
+			// failed while pgx prepared it, before its RELEASE of the
+			// previous request's savepoint and this one's SAVEPOINT ran,
+			// so no savepoint here can be rolled back safely: the run
+			// fails as a whole (the caller runs the requests one by one
+			// with Do, which claims again with a fresh view).
+			l.store.invalidateView()
+			return claimRow{}, storeErr("claim", err)
+		}
+		stale := err == nil && readCommitted && !fresh
+		switch {
+		case stale && attempt < maxConflictRetries:
+			l.store.invalidateView()
+			if err := undo(); err != nil {
+				return claimRow{}, storeErr("claim", err)
+			}
+			b = &pgx.Batch{}
+			b.Queue("SAVEPOINT justonce_each")
+			continue
+		case stale:
+			return claimRow{}, storeErr("claim", errStaleView)
+		case err != nil:
+			return claimRow{}, storeErr("claim", err)
+		case !readCommitted:
+			return claimRow{}, storeErr("claim", errNotReadCommitted)
+		}
+		var cr claimRow
+		var leased bool
+		if found {
+			cr.rec, cr.live, leased = ls.record(req.Key)
+		}
+		switch {
+		case !locked || cr.rec != nil && !takeover(cr.rec, cr.live, leased, req.Fingerprint):
+			// Held elsewhere, or not new.
+			if err := undo(); err != nil {
+				return claimRow{}, storeErr("claim", err)
+			}
+			return cr, nil
+		case cr.rec != nil:
+			// An expired row or a lapsed lease, rare: the layout's claim
+			// function takes it over (the lock is ours already).
+			err := conn.QueryRow(ctx, l.store.claimOneSQL, claimOneArgs(req, ttl, 0, "")...).Scan(c.dest()...)
+			if errors.Is(err, pgx.ErrNoRows) { // the row changed since the look-up
+				if err := undo(); err != nil {
+					return claimRow{}, storeErr("claim", err)
+				}
+				return claimRow{}, nil
+			}
+			if err != nil {
+				return claimRow{}, storeErr("claim", err)
+			}
+			return claimRow{claimed: true}, nil
+		}
+		// New: its row, done, into the shard's newest bucket.
+		ib := &pgx.Batch{}
+		l.store.queueInsertDone(ib, st.insert, req, ttl, Result{}, 0)
+		err = conn.SendBatch(ctx, ib).Close()
+		if isStaleView(err) && attempt < maxConflictRetries {
+			l.store.invalidateView()
+			if err := undo(); err != nil {
+				return claimRow{}, storeErr("claim", err)
+			}
+			b = &pgx.Batch{}
+			b.Queue("SAVEPOINT justonce_each")
+			continue
+		}
+		if err != nil {
+			return claimRow{}, storeErr("claim", err)
+		}
+		*c = claimedScan{attempts: 1, created: now, expires: now.Add(ttl.Truncate(time.Microsecond))}
+		return claimRow{claimed: true}, nil
+	}
 }

@@ -103,6 +103,11 @@ func timeBucketSQL(schema string, cfg Config) []string {
 	// newest: the newest bucket of the shard v_shard, as the statement
 	// that reads it sees the bucket list.
 	const newest = `(SELECT max(b.id) FROM {BUCKETS} b WHERE b.shard = v_shard)`
+	// loadBuckets reads the buckets of the shard v_shard, where its keys'
+	// rows are, into v_ids: a look-up restricted to them (a parameter, so
+	// that Postgres prunes the other partitions before it starts) touches
+	// their partitions only.
+	const loadBuckets = `SELECT array_agg(b.id) INTO v_ids FROM {BUCKETS} b WHERE b.shard = v_shard AND b.detached_at IS NULL;`
 	stmts := []string{
 		`ALTER TABLE {PE} RENAME TO processed_events_plain`,
 		`CREATE TABLE {PE} (
@@ -202,12 +207,13 @@ $fn$`,
     OUT o_response_code integer, OUT o_response_headers jsonb, OUT o_response_body bytea, OUT o_error text,
     OUT o_duration_us bigint, OUT o_created_at timestamptz, OUT o_completed_at timestamptz,
     OUT o_expires_at timestamptz, OUT o_live boolean, OUT o_leased boolean)
-LANGUAGE plpgsql VOLATILE AS $fn$
+LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
     r       {PE}%ROWTYPE;
     found_r boolean;
     v_now   timestamptz := now();
-    v_shard integer;
+    v_shard integer := {SHARD}(p_scope, p_tenant, p_id);
+    v_ids   integer[];
 BEGIN
     o_claimed := false;
     IF p_ttl_us > {MAXTTL_US} THEN
@@ -216,7 +222,9 @@ BEGIN
     END IF;
     IF NOT pg_try_advisory_xact_lock(p_lock) THEN
         IF p_existing THEN
-            SELECT * INTO r FROM {PE} e WHERE e.scope = p_scope AND e.tenant = p_tenant AND e.event_id = p_id;
+            ` + loadBuckets + `
+            SELECT * INTO r FROM {PE} e WHERE e.scope = p_scope AND e.tenant = p_tenant AND e.event_id = p_id
+                AND e.bucket = ANY(v_ids);
             IF FOUND THEN
                 o_claimed := false; o_status := r.status; o_fingerprint := r.fingerprint; o_source := r.source;
                 o_principal := r.principal; o_lease_owner := r.lease_owner; o_lease_until := r.lease_until;
@@ -232,7 +240,9 @@ BEGIN
         RAISE EXCEPTION 'justonce: the time-bucket ledger claims only in READ COMMITTED transactions'
             USING ERRCODE = '0A000';
     END IF;
-    SELECT * INTO r FROM {PE} e WHERE e.scope = p_scope AND e.tenant = p_tenant AND e.event_id = p_id FOR UPDATE;
+    ` + loadBuckets + `
+    SELECT * INTO r FROM {PE} e WHERE e.scope = p_scope AND e.tenant = p_tenant AND e.event_id = p_id
+        AND e.bucket = ANY(v_ids) FOR UPDATE;
     found_r := FOUND;
     IF found_r AND NOT (r.expires_at <= v_now OR (r.status = 'processing' AND r.lease_until <= v_now
             AND (p_fp IS NULL OR r.fingerprint IS NULL OR r.fingerprint = p_fp))) THEN
@@ -256,7 +266,6 @@ BEGIN
     ELSE
         o_status := 'done'; o_completed_at := v_now; o_leased := false;
     END IF;
-    v_shard := {SHARD}(p_scope, p_tenant, p_id);
     IF found_r THEN
         IF r.expires_at > v_now THEN
             o_attempts := r.attempts + 1;
@@ -281,11 +290,12 @@ $fn$`,
 		`CREATE FUNCTION {FAIL}(
     p_scope text, p_tenant text, p_id text, p_fp bytea, p_source text, p_principal text,
     p_attempts integer, p_error text, p_ttl_us bigint, p_lock bigint)
-RETURNS boolean LANGUAGE plpgsql VOLATILE AS $fn$
+RETURNS boolean LANGUAGE plpgsql VOLATILE SET plan_cache_mode = force_generic_plan AS $fn$
 DECLARE
     r       {PE}%ROWTYPE;
     exp     timestamptz := now() + p_ttl_us * interval '1 microsecond';
     v_shard integer := {SHARD}(p_scope, p_tenant, p_id);
+    v_ids   integer[];
 BEGIN
     IF p_ttl_us > {MAXTTL_US} THEN
         RAISE EXCEPTION 'justonce: TTL of % exceeds the ledger''s MaxTTL of %', p_ttl_us * interval '1 microsecond', {MAXTTL}::interval
@@ -296,7 +306,9 @@ BEGIN
         RAISE EXCEPTION 'justonce: the time-bucket ledger claims only in READ COMMITTED transactions'
             USING ERRCODE = '0A000';
     END IF;
-    SELECT * INTO r FROM {PE} e WHERE e.scope = p_scope AND e.tenant = p_tenant AND e.event_id = p_id FOR UPDATE;
+    ` + loadBuckets + `
+    SELECT * INTO r FROM {PE} e WHERE e.scope = p_scope AND e.tenant = p_tenant AND e.event_id = p_id
+        AND e.bucket = ANY(v_ids) FOR UPDATE;
     IF NOT FOUND THEN
         INSERT INTO {PE} (scope, tenant, event_id, status, fingerprint, source, principal, attempts, error,
             completed_at, expires_at, bucket)
