@@ -309,14 +309,30 @@ func (s *pgStore) maintainBuckets(ctx context.Context, l *Ledger) (dropped int64
 	conn := pc.Conn()
 	lockSQL := strings.NewReplacer("{T}", strings.ReplaceAll(s.table, "'", "''")).Replace(
 		`SELECT pg_try_advisory_lock($1::bigint # (('{T}'::regclass)::oid::bigint << 32))`)
-	if err := conn.QueryRow(ctx, lockSQL, s.janitorLockKey()).Scan(&locked); err != nil || !locked {
+	buckets, layout := s.ident("processed_events_buckets"), s.ident("processed_events_layout")
+	// The lock, and whether there is anything to do, in one round trip: a
+	// bucket to open, to close, or closed MaxTTL ago (to detach, or
+	// detached and waiting to be dropped), or a detach to finish. Most
+	// passes find nothing.
+	var work bool
+	unlockSQL := strings.Replace(lockSQL, "pg_try_advisory_lock", "pg_advisory_unlock", 1)
+	if err := conn.QueryRow(ctx, `SELECT w.locked, w.work, CASE WHEN w.locked AND NOT w.work THEN (`+unlockSQL+`) END
+	FROM (SELECT l.locked, l.locked AND (
+			EXISTS (SELECT 1 FROM `+buckets+` b, `+layout+` y GROUP BY b.shard, y.width HAVING max(b.opened_at) + y.width <= now())
+			OR EXISTS (SELECT 1 FROM `+buckets+` b WHERE b.closed_at IS NULL
+				AND EXISTS (SELECT 1 FROM `+buckets+` n WHERE n.shard = b.shard AND n.id > b.id))
+			OR EXISTS (SELECT 1 FROM `+buckets+` b, `+layout+` y WHERE b.closed_at + y.max_ttl <= now())
+			OR EXISTS (SELECT 1 FROM pg_inherits i WHERE i.inhparent = $2::regclass AND i.inhdetachpending)) AS work
+		FROM (`+lockSQL+`) AS l(locked) OFFSET 0) w`, s.janitorLockKey(), s.table).Scan(&locked, &work, nil); err != nil || !locked {
 		return 0, false, err
+	}
+	if !work { // and the lock went with the same statement
+		return 0, true, nil
 	}
 	defer func() {
 		uctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
-		unlock := strings.Replace(lockSQL, "pg_try_advisory_lock", "pg_advisory_unlock", 1)
-		if _, err := conn.Exec(uctx, unlock, s.janitorLockKey()); err != nil {
+		if _, err := conn.Exec(uctx, unlockSQL, s.janitorLockKey()); err != nil {
 			_ = conn.Close(uctx) // ends the session, and its lock
 		}
 	}()
@@ -328,7 +344,6 @@ func (s *pgStore) maintainBuckets(ctx context.Context, l *Ledger) (dropped int64
 		}
 	}()
 
-	buckets, layout := s.ident("processed_events_buckets"), s.ident("processed_events_layout")
 	// Open the buckets due, each in a transaction of its own: the next
 	// opening is one width after the last scheduled one (whole widths
 	// past it when the janitor was away), which keeps the shards'
@@ -451,6 +466,13 @@ ORDER BY c.relname`, s.table)
 		if _, err := conn.Exec(ctx, `DELETE FROM `+buckets+` WHERE id = $1::integer`, id); err != nil {
 			return dropped, true, fmt.Errorf("forget bucket %s: %w", id, err)
 		}
+	}
+	// Rows of buckets whose tables are gone (a pass that stopped between
+	// the DROP and the DELETE).
+	if _, err := conn.Exec(ctx, `DELETE FROM `+buckets+` b WHERE b.detached_at IS NOT NULL
+		AND to_regclass(quote_ident((SELECT nspname FROM pg_namespace WHERE oid = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass)))
+			|| '.' || quote_ident('processed_events_b' || b.id)) IS NULL`, s.table); err != nil {
+		return dropped, true, fmt.Errorf("forget dropped buckets: %w", err)
 	}
 	return dropped, true, nil
 }
