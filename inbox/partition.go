@@ -54,6 +54,14 @@ type shardSQL struct {
 	// insert writes the row into the shard's newest bucket, refusing
 	// (JO001) if it is no longer the newest.
 	insert string
+	// DoEach's claim in one round trip: markLock (markLockEarly) is lock
+	// that also records in a transaction-local setting, under the token
+	// $2, that the lock is held; claimNew then writes the key's claim row
+	// (done, without a result) into the newest bucket only if that setting
+	// holds the token ($8) and no bucket has the key. claimNew's snapshot
+	// is taken after markLock ran, so it sees every row an earlier holder
+	// of the lock committed.
+	markLock, markLockEarly, claimNew string
 }
 
 // A view is used for at most viewMaxAge (an eighth of the bucket width,
@@ -198,7 +206,7 @@ func (s *pgStore) doStatements(ctx context.Context, q querier, k Key) (shardSQL,
 	// database's over the view's life; a bucket opened all the same is
 	// still caught by the row's INSERT.
 	if v.dbTime.Add(time.Since(v.loaded)).Before(st.nextOpen.Add(-time.Second)) {
-		st.lock = st.lockEarly
+		st.lock, st.markLock = st.lockEarly, st.markLockEarly
 	}
 	return st, nil
 }
@@ -265,12 +273,30 @@ func (s *pgStore) shardStatements(ids []int32) shardSQL {
 	}
 	st.lookup = strings.Replace(s.lookupSQL, "FROM "+s.table+" e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3",
 		"FROM ("+strings.Join(parts, "\n\t\tUNION ALL ")+") e LIMIT 1", 1)
+	bucket := `CASE WHEN ` + fresh + ` THEN ` + strconv.Itoa(newest) + ` ELSE ` +
+		s.ident("processed_events_closed") + `(` + strconv.Itoa(newest) + `) END`
 	st.insert = `INSERT INTO ` + s.ident(bucketName(newest)) + ` (scope, tenant, event_id, status, fingerprint, source, principal,
 		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
 	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
-		now() + ` + fmt.Sprintf(s.ttlSQL, "$11::bigint") + ` * interval '1 microsecond',
-		CASE WHEN ` + fresh + ` THEN ` + strconv.Itoa(newest) + ` ELSE ` +
-		s.ident("processed_events_closed") + `(` + strconv.Itoa(newest) + `) END)`
+		now() + ` + fmt.Sprintf(s.ttlSQL, "$11::bigint") + ` * interval '1 microsecond', ` + bucket + `)`
+
+	mark := func(lock string) string {
+		return `SELECT x.*, set_config('justonce.claim', CASE WHEN x.locked THEN $2::text ELSE '' END, true) IS NOT NULL
+		FROM (` + strings.Replace(lock, "SELECT pg_try_advisory_xact_lock($1::bigint # "+s.oid+"), now(),",
+			"SELECT pg_try_advisory_xact_lock($1::bigint # "+s.oid+") AS locked, now(),", 1) + `) x`
+	}
+	st.markLock, st.markLockEarly = mark(st.lock), mark(st.lockEarly)
+	exists := make([]string, len(ids))
+	for i, id := range ids {
+		exists[len(ids)-1-i] = `SELECT 1 FROM ` + s.ident(bucketName(int(id))) + ` WHERE scope = $1 AND tenant = $2 AND event_id = $3`
+	}
+	st.claimNew = `INSERT INTO ` + s.ident(bucketName(newest)) + ` (scope, tenant, event_id, status, fingerprint, source, principal,
+		created_at, completed_at, expires_at, bucket)
+	SELECT $1, $2, $3, 'done', $4, $5, $6, now(), clock_timestamp(),
+		now() + ` + fmt.Sprintf(s.ttlSQL, "$7::bigint") + ` * interval '1 microsecond', ` + bucket + `
+	WHERE current_setting('justonce.claim', true) = $8::text
+		AND NOT EXISTS (` + strings.Join(exists, "\n\t\tUNION ALL ") + `)
+	RETURNING true`
 	return st
 }
 

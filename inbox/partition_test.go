@@ -112,8 +112,8 @@ func TestLayoutsConcurrentRacersRunOnce(t *testing.T) {
 	forLayouts(t, func(t *testing.T, mc migrations.Config) {
 		b := setupLayout(t, mc, inbox.Config{}, testsvc.MaxConns(20))
 		ctx := context.Background()
-		// Several keys, each raced by 25 callers mixing Do, DoBatch and
-		// leases, while the janitor opens buckets (2 s apart per shard,
+		// Several keys, each raced by 25 callers mixing Do, DoBatch, DoEach
+		// and leases, while the janitor opens buckets (2 s apart per shard,
 		// staggered: one shard's every 250 ms) and the ledger's view of
 		// them goes stale.
 		opened := 0
@@ -150,7 +150,7 @@ func TestLayoutsConcurrentRacersRunOnce(t *testing.T) {
 					<-start
 					var d inbox.Disposition
 					var err error
-					switch i % 3 {
+					switch i % 4 {
 					case 0:
 						var out inbox.Outcome
 						out, err = b.ledger.Do(ctx, req("orders", id), func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
@@ -167,6 +167,16 @@ func TestLayoutsConcurrentRacersRunOnce(t *testing.T) {
 						})
 						if err == nil {
 							d = outs[0].Disposition
+						}
+					case 2:
+						var run inbox.EachRun
+						run, err = b.ledger.DoEach(ctx, []inbox.Request{req("orders", id)}, inbox.EachOptions{},
+							func(ctx context.Context, tx pgx.Tx, _ int) (inbox.Result, error) {
+								time.Sleep(20 * time.Millisecond)
+								return pay(id, &ran)(ctx, tx)
+							})
+						if err == nil && len(run.Outcomes) == 1 {
+							d = run.Outcomes[0].Disposition
 						}
 					default:
 						var out inbox.Outcome

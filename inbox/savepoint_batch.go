@@ -4,10 +4,12 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -603,16 +605,17 @@ func (f *redisFront) evalMany(ctx context.Context, script *redis.Script, keys []
 }
 
 // claimEachBuckets is DoEach's claim of req on the time-bucket layout,
-// inside the savepoint justonce_each that b (not yet sent) opens: like Do,
-// the key's lock and a look-up in the buckets of the key's shard, named
-// from the view, in one round trip; then, for a new key, its row written
-// into the shard's newest bucket (a second round trip), or for a row to
-// take over, the layout's claim function. A stale view (a bucket opened
+// inside the savepoint justonce_each that b (not yet sent) opens, in one
+// round trip for a new key: the key's lock (recorded in a
+// transaction-local setting), then, in a statement of its own, the key's
+// claim row written into its shard's newest bucket if no bucket of the
+// shard (named from the view) has the key and the setting says the lock is
+// ours. A key that is not new is then looked up, and a row to take over
+// goes through the layout's claim function. A stale view (a bucket opened
 // since it was loaded) rolls the savepoint back and claims again with a
 // fresh view; a bucket table dropped since fails the run. A key not
-// claimed comes back with its row, the
-// savepoint rolled back and released (which frees the key's lock); a key
-// claimed leaves its columns in c.
+// claimed comes back with its row, the savepoint rolled back and released
+// (which frees the key's lock); a key claimed leaves its columns in c.
 func (l *Ledger) claimEachBuckets(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, req Request, c *claimedScan) (claimRow, error) {
 	// One simple-protocol message: a batch would prepare RELEASE before
 	// the ROLLBACK TO ran, which an aborted savepoint refuses.
@@ -620,28 +623,47 @@ func (l *Ledger) claimEachBuckets(ctx context.Context, conn *pgx.Conn, b *pgx.Ba
 		_, err := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT justonce_each; RELEASE SAVEPOINT justonce_each")
 		return err
 	}
+	retry := func() error {
+		l.store.invalidateView()
+		if err := undo(); err != nil {
+			return storeErr("claim", err)
+		}
+		b = &pgx.Batch{}
+		b.Queue("SAVEPOINT justonce_each")
+		return nil
+	}
 	ttl := l.ttl(req)
+	key := lockKey(req.Key)
 	for attempt := 1; ; attempt++ {
 		st, err := l.store.doStatements(ctx, conn, req.Key)
 		if err != nil {
 			return claimRow{}, storeErr("claim", err)
 		}
-		var locked, readCommitted, fresh, found bool
+		token := strconv.FormatInt(key, 36) + "/" + strconv.Itoa(attempt)
+		var locked, readCommitted, fresh, marked, inserted bool
 		var now time.Time
-		var ls recordScan
-		b.Queue(st.lock, lockKey(req.Key)).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&locked, &now, &readCommitted, &fresh)
+		b.Queue(st.markLock, key, token).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&locked, &now, &readCommitted, &fresh, &marked)
 		})
-		b.Queue(st.lookup, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(ls.dest()...)
+		b.Queue(st.claimNew, req.Scope, req.Tenant, req.ID, req.Fingerprint, string(req.Source), req.Principal,
+			ttl.Microseconds(), token).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&inserted)
 			if errors.Is(err, pgx.ErrNoRows) {
 				return nil
 			}
-			found = err == nil
 			return err
 		})
 		err = conn.SendBatch(ctx, b).Close()
-		if err != nil && isStaleView(err) {
+		var pgErr *pgconn.PgError
+		switch {
+		case err != nil && errors.As(err, &pgErr) && pgErr.Code == "JO001" && attempt < maxConflictRetries:
+			// The row met a newer bucket: the batch ran, inside the
+			// savepoint, up to the refused row.
+			if err := retry(); err != nil {
+				return claimRow{}, err
+			}
+			continue
+		case err != nil && isStaleView(err):
 			// A bucket table the view names is gone. The batch may have
 			// failed while pgx prepared it, before its RELEASE of the
 			// previous request's savepoint and this one's SAVEPOINT ran,
@@ -650,37 +672,37 @@ func (l *Ledger) claimEachBuckets(ctx context.Context, conn *pgx.Conn, b *pgx.Ba
 			// with Do, which claims again with a fresh view).
 			l.store.invalidateView()
 			return claimRow{}, storeErr("claim", err)
-		}
-		stale := err == nil && readCommitted && !fresh
-		switch {
-		case stale && attempt < maxConflictRetries:
-			l.store.invalidateView()
-			if err := undo(); err != nil {
-				return claimRow{}, storeErr("claim", err)
-			}
-			b = &pgx.Batch{}
-			b.Queue("SAVEPOINT justonce_each")
-			continue
-		case stale:
-			return claimRow{}, storeErr("claim", errStaleView)
 		case err != nil:
 			return claimRow{}, storeErr("claim", err)
 		case !readCommitted:
 			return claimRow{}, storeErr("claim", errNotReadCommitted)
+		case !fresh && attempt < maxConflictRetries:
+			// A bucket newer than the view's (the row was not written:
+			// its bucket would have refused it).
+			if err := retry(); err != nil {
+				return claimRow{}, err
+			}
+			continue
+		case !fresh:
+			return claimRow{}, storeErr("claim", errStaleView)
+		case inserted:
+			*c = claimedScan{attempts: 1, created: now, expires: now.Add(ttl.Truncate(time.Microsecond))}
+			return claimRow{claimed: true}, nil
+		}
+		// Held elsewhere, or not new: its row.
+		var ls recordScan
+		found := false
+		if err := conn.QueryRow(ctx, st.lookup, req.Scope, req.Tenant, req.ID).Scan(ls.dest()...); err == nil {
+			found = true
+		} else if !errors.Is(err, pgx.ErrNoRows) {
+			return claimRow{}, storeErr("lookup", err)
 		}
 		var cr claimRow
 		var leased bool
 		if found {
 			cr.rec, cr.live, leased = ls.record(req.Key)
 		}
-		switch {
-		case !locked || cr.rec != nil && !takeover(cr.rec, cr.live, leased, req.Fingerprint):
-			// Held elsewhere, or not new.
-			if err := undo(); err != nil {
-				return claimRow{}, storeErr("claim", err)
-			}
-			return cr, nil
-		case cr.rec != nil:
+		if locked && cr.rec != nil && takeover(cr.rec, cr.live, leased, req.Fingerprint) {
 			// An expired row or a lapsed lease, rare: the layout's claim
 			// function takes it over (the lock is ours already).
 			err := conn.QueryRow(ctx, l.store.claimOneSQL, claimOneArgs(req, ttl, 0, "")...).Scan(c.dest()...)
@@ -695,23 +717,17 @@ func (l *Ledger) claimEachBuckets(ctx context.Context, conn *pgx.Conn, b *pgx.Ba
 			}
 			return claimRow{claimed: true}, nil
 		}
-		// New: its row, done, into the shard's newest bucket.
-		ib := &pgx.Batch{}
-		l.store.queueInsertDone(ib, st.insert, req, ttl, Result{}, 0)
-		err = conn.SendBatch(ctx, ib).Close()
-		if isStaleView(err) && attempt < maxConflictRetries {
-			l.store.invalidateView()
-			if err := undo(); err != nil {
-				return claimRow{}, storeErr("claim", err)
+		if locked && cr.rec == nil && attempt < maxConflictRetries {
+			// The key was in a bucket the look-up no longer names: look
+			// again with a fresh view.
+			if err := retry(); err != nil {
+				return claimRow{}, err
 			}
-			b = &pgx.Batch{}
-			b.Queue("SAVEPOINT justonce_each")
 			continue
 		}
-		if err != nil {
+		if err := undo(); err != nil {
 			return claimRow{}, storeErr("claim", err)
 		}
-		*c = claimedScan{attempts: 1, created: now, expires: now.Add(ttl.Truncate(time.Microsecond))}
-		return claimRow{claimed: true}, nil
+		return cr, nil
 	}
 }
