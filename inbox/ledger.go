@@ -278,14 +278,7 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 		}
 		return row.Scan(&locked, &now)
 	})
-	b.Queue(st.lookup, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(ls.dest()...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		found = err == nil
-		return err
-	})
+	queueLookup(b, st.lookup, req.Key, &ls, &found)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		rollback(conn)
 		if isStaleView(err) { // a bucket table the view named is gone

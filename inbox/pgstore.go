@@ -556,14 +556,7 @@ func (s *pgStore) claimInSavepoint(ctx context.Context, tx pgx.Tx, req Request, 
 	b = &pgx.Batch{}
 	b.Queue("ROLLBACK TO SAVEPOINT justonce_claim")
 	b.Queue("RELEASE SAVEPOINT justonce_claim")
-	b.Queue(s.lookupSQL, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(ls.dest()...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		found = err == nil
-		return err
-	})
+	queueLookup(b, s.lookupSQL, req.Key, &ls, &found)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return claimRow{}, err
 	}
@@ -572,6 +565,19 @@ func (s *pgStore) claimInSavepoint(ctx context.Context, tx pgx.Tx, req Request, 
 	}
 	rec, live, _ := ls.record(req.Key)
 	return claimRow{rec: rec, live: live}, nil
+}
+
+// queueLookup queues on b sql, a look-up of k by its scope, tenant and ID;
+// once the batch has run, found says whether k has a row, scanned into ls.
+func queueLookup(b *pgx.Batch, sql string, k Key, ls *recordScan, found *bool) {
+	b.Queue(sql, k.Scope, k.Tenant, k.ID).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(ls.dest()...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		*found = err == nil
+		return err
+	})
 }
 
 // takeover reports whether a claim may take over the existing row rec:

@@ -277,14 +277,7 @@ func (r *eachRun) run(ctx context.Context) (EachRun, error) {
 				b := &pgx.Batch{}
 				b.Queue("ROLLBACK TO SAVEPOINT justonce_each")
 				b.Queue("RELEASE SAVEPOINT justonce_each")
-				b.Queue(l.store.lookupSQL, req.Scope, req.Tenant, req.ID).QueryRow(func(row pgx.Row) error {
-					err := row.Scan(ls.dest()...)
-					if errors.Is(err, pgx.ErrNoRows) {
-						return nil
-					}
-					found = err == nil
-					return err
-				})
+				queueLookup(b, l.store.lookupSQL, req.Key, &ls, &found)
 				if err := conn.SendBatch(ctx, b).Close(); err != nil {
 					rollback(conn)
 					panicked = false
