@@ -258,7 +258,7 @@ func (s *pgStore) shardStatements(ids []int32) shardSQL {
 	fresh := `to_regclass('` + strings.ReplaceAll(next, "'", "''") + `') IS NULL`
 	var st shardSQL
 	st.lockEarly = strings.NewReplacer("{T}", s.table, "{OID}", s.oid).Replace(
-		`SELECT pg_try_advisory_xact_lock($1::bigint # {OID}), now(),
+		`SELECT pg_try_advisory_xact_lock($1::bigint # {OID}) AS locked, now(),
 			current_setting('transaction_isolation') = 'read committed', true`)
 	st.lock = strings.TrimSuffix(st.lockEarly, "true") + fresh
 	// One projection over the buckets' rows, newest bucket first, and the
@@ -266,13 +266,16 @@ func (s *pgStore) shardStatements(ids []int32) shardSQL {
 	// table shows, but a bucket already detached (and not yet dropped) may
 	// still hold an expired row of it, which the view can name a little
 	// longer.
-	parts := make([]string, len(ids))
-	for i, id := range ids {
-		parts[len(ids)-1-i] = `SELECT * FROM ` + s.ident(bucketName(int(id))) +
-			` WHERE scope = $1 AND tenant = $2 AND event_id = $3`
+	inBuckets := func(sel string) string { // sel of the key's row in each bucket, newest first
+		parts := make([]string, len(ids))
+		for i, id := range ids {
+			parts[len(ids)-1-i] = sel + ` FROM ` + s.ident(bucketName(int(id))) +
+				` WHERE scope = $1 AND tenant = $2 AND event_id = $3`
+		}
+		return strings.Join(parts, "\n\t\tUNION ALL ")
 	}
 	st.lookup = strings.Replace(s.lookupSQL, "FROM "+s.table+" e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3",
-		"FROM ("+strings.Join(parts, "\n\t\tUNION ALL ")+") e LIMIT 1", 1)
+		"FROM ("+inBuckets("SELECT *")+") e LIMIT 1", 1)
 	bucket := `CASE WHEN ` + fresh + ` THEN ` + strconv.Itoa(newest) + ` ELSE ` +
 		s.ident("processed_events_closed") + `(` + strconv.Itoa(newest) + `) END`
 	st.insert = `INSERT INTO ` + s.ident(bucketName(newest)) + ` (scope, tenant, event_id, status, fingerprint, source, principal,
@@ -282,20 +285,15 @@ func (s *pgStore) shardStatements(ids []int32) shardSQL {
 
 	mark := func(lock string) string {
 		return `SELECT x.*, set_config('justonce.claim', CASE WHEN x.locked THEN $2::text ELSE '' END, true) IS NOT NULL
-		FROM (` + strings.Replace(lock, "SELECT pg_try_advisory_xact_lock($1::bigint # "+s.oid+"), now(),",
-			"SELECT pg_try_advisory_xact_lock($1::bigint # "+s.oid+") AS locked, now(),", 1) + `) x`
+		FROM (` + lock + `) x`
 	}
 	st.markLock, st.markLockEarly = mark(st.lock), mark(st.lockEarly)
-	exists := make([]string, len(ids))
-	for i, id := range ids {
-		exists[len(ids)-1-i] = `SELECT 1 FROM ` + s.ident(bucketName(int(id))) + ` WHERE scope = $1 AND tenant = $2 AND event_id = $3`
-	}
 	st.claimNew = `INSERT INTO ` + s.ident(bucketName(newest)) + ` (scope, tenant, event_id, status, fingerprint, source, principal,
 		created_at, completed_at, expires_at, bucket)
 	SELECT $1, $2, $3, 'done', $4, $5, $6, now(), clock_timestamp(),
 		now() + ` + fmt.Sprintf(s.ttlSQL, "$7::bigint") + ` * interval '1 microsecond', ` + bucket + `
 	WHERE current_setting('justonce.claim', true) = $8::text
-		AND NOT EXISTS (` + strings.Join(exists, "\n\t\tUNION ALL ") + `)
+		AND NOT EXISTS (` + inBuckets("SELECT 1") + `)
 	RETURNING true`
 	return st
 }
@@ -496,8 +494,8 @@ ORDER BY c.relname`, s.table)
 	// Rows of buckets whose tables are gone (a pass that stopped between
 	// the DROP and the DELETE).
 	if _, err := conn.Exec(ctx, `DELETE FROM `+buckets+` b WHERE b.detached_at IS NOT NULL
-		AND to_regclass(quote_ident((SELECT nspname FROM pg_namespace WHERE oid = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass)))
-			|| '.' || quote_ident('processed_events_b' || b.id)) IS NULL`, s.table); err != nil {
+		AND NOT EXISTS (SELECT 1 FROM pg_class c WHERE c.relname = 'processed_events_b' || b.id
+			AND c.relnamespace = (SELECT relnamespace FROM pg_class WHERE oid = $1::regclass))`, s.table); err != nil {
 		return dropped, true, fmt.Errorf("forget dropped buckets: %w", err)
 	}
 	return dropped, true, nil

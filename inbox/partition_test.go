@@ -317,6 +317,28 @@ func TestLayoutsJanitor(t *testing.T) {
 	})
 }
 
+// purgeWaitingForDetach starts a janitor pass and waits until it is
+// detaching a bucket and held up (by a transaction still using the
+// table), which the test names as holder; the pass's error comes on the
+// channel once it finishes.
+func purgeWaitingForDetach(ctx context.Context, t *testing.T, b *bundle, holder string) <-chan error {
+	t.Helper()
+	purged := make(chan error, 1)
+	go func() {
+		_, err := b.ledger.Purge(ctx, inbox.JanitorConfig{})
+		purged <- err
+	}()
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_events'::regclass AND inhdetachpending`) == 1
+	}, "detach pending")
+	select {
+	case err := <-purged:
+		t.Fatalf("the janitor did not wait for %s: %v", holder, err)
+	default:
+	}
+	return purged
+}
+
 // bucketsLedger is a time-bucket ledger with buckets of width and MaxTTL.
 func bucketsLedger(t *testing.T, width, maxTTL time.Duration, opts ...testsvc.PGOption) *bundle {
 	return setupLayout(t, migrations.Config{Layout: migrations.LayoutTimeBuckets, BucketWidth: width, MaxTTL: maxTTL},
@@ -452,21 +474,9 @@ func TestBucketsClaimRacesADrop(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.Executed, out.Disposition)
 
-	purged := make(chan error, 1)
-	go func() {
-		_, err := b.ledger.Purge(ctx, inbox.JanitorConfig{})
-		purged <- err
-	}()
 	// The janitor is waiting for the open transaction, with the bucket
 	// marked for detaching.
-	testsvc.Eventually(t, 10*time.Second, func() bool {
-		return b.pg.Count(t, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_events'::regclass AND inhdetachpending`) == 1
-	}, "detach pending")
-	select {
-	case err := <-purged:
-		t.Fatalf("the janitor did not wait for the open claim: %v", err)
-	default:
-	}
+	purged := purgeWaitingForDetach(ctx, t, b, "the open claim")
 	// Claims are not blocked meanwhile: a new key, and the other key of
 	// the bucket being dropped (expired: new again), and the held key (in
 	// flight).
@@ -711,19 +721,7 @@ func TestBucketsDoRacesADrop(t *testing.T) {
 		done <- err
 	}()
 	<-entered
-	purged := make(chan error, 1)
-	go func() {
-		_, err := b.ledger.Purge(ctx, inbox.JanitorConfig{})
-		purged <- err
-	}()
-	testsvc.Eventually(t, 10*time.Second, func() bool {
-		return b.pg.Count(t, `SELECT count(*) FROM pg_inherits WHERE inhparent = 'processed_events'::regclass AND inhdetachpending`) == 1
-	}, "detach pending")
-	select {
-	case err := <-purged:
-		t.Fatalf("the janitor did not wait for the running Do: %v", err)
-	default:
-	}
+	purged := purgeWaitingForDetach(ctx, t, b, "the running Do")
 	out, err := b.ledger.Do(ctx, short, pay("held-3", &ran))
 	require.NoError(t, err)
 	require.Equal(t, inbox.InFlight, out.Disposition)
