@@ -135,8 +135,11 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 	s.lockManySQL = r.Replace(`SELECT array_agg(pg_try_advisory_xact_lock(u.k # {OID}) ORDER BY u.o), now()
 		FROM unnest($1::bigint[]) WITH ORDINALITY AS u(k, o)
 		WHERE CASE WHEN ` + readCommitted + ` THEN true ELSE {REFUSE_RR} END`)
+	// The refusal is a call of the failure function, which raises it
+	// first: a scalar call costs nothing until it runs, where a sub-select
+	// of the claim function would be set up by every INSERT.
 	s.ttlSQL = r.Replace(`CASE WHEN %[1]s <= {MAXTTL_US} THEN %[1]s
-		ELSE (SELECT f.o_attempts::bigint FROM {CLAIM}('', '', '', NULL, '', '', %[1]s, 0, 0, NULL, false) f) END`)
+		ELSE {FAIL}('', '', '', NULL, '', '', 0, '', %[1]s, 0)::integer::bigint END`)
 	s.insertDoneSQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
 		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
 	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
@@ -261,21 +264,21 @@ func (s *pgStore) shardStatements(ids []int32) shardSQL {
 		`SELECT pg_try_advisory_xact_lock($1::bigint # {OID}) AS locked, now(),
 			current_setting('transaction_isolation') = 'read committed', true`)
 	st.lock = strings.TrimSuffix(st.lockEarly, "true") + fresh
-	// One projection over the buckets' rows, newest bucket first, and the
-	// first row found: a key has one row in the buckets the partitioned
-	// table shows, but a bucket already detached (and not yet dropped) may
-	// still hold an expired row of it, which the view can name a little
-	// longer.
-	inBuckets := func(sel string) string { // sel of the key's row in each bucket, newest first
-		parts := make([]string, len(ids))
-		for i, id := range ids {
-			parts[len(ids)-1-i] = sel + ` FROM ` + s.ident(bucketName(int(id))) +
-				` WHERE scope = $1 AND tenant = $2 AND event_id = $3`
-		}
-		return strings.Join(parts, "\n\t\tUNION ALL ")
+	// The look-up goes through the partitioned table, naming the shard's
+	// buckets: planning prunes the others, so the statement runs as two
+	// index scans under an Append, without the subquery and limit a
+	// UNION ALL over the bucket tables needs (whose executor start-up
+	// costs more than the scans). A key has at most one row in the
+	// buckets the partitioned table shows (a takeover moves the row), and
+	// a bucket the view names that has been detached or dropped since is
+	// pruned like any other value with no partition: its rows, all
+	// expired, are not seen, and the key is claimed as new.
+	inShard := make([]string, len(ids))
+	for i, id := range ids {
+		inShard[len(ids)-1-i] = strconv.Itoa(int(id))
 	}
-	st.lookup = strings.Replace(s.lookupSQL, "FROM "+s.table+" e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3",
-		"FROM ("+inBuckets("SELECT *")+") e LIMIT 1", 1)
+	where := `e.scope = $1 AND e.tenant = $2 AND e.event_id = $3 AND e.bucket IN (` + strings.Join(inShard, ", ") + `)`
+	st.lookup = strings.Replace(s.lookupSQL, "e.scope = $1 AND e.tenant = $2 AND e.event_id = $3", where, 1)
 	bucket := `CASE WHEN ` + fresh + ` THEN ` + strconv.Itoa(newest) + ` ELSE ` +
 		s.ident("processed_events_closed") + `(` + strconv.Itoa(newest) + `) END`
 	st.insert = `INSERT INTO ` + s.ident(bucketName(newest)) + ` (scope, tenant, event_id, status, fingerprint, source, principal,
@@ -293,7 +296,7 @@ func (s *pgStore) shardStatements(ids []int32) shardSQL {
 	SELECT $1, $2, $3, 'done', $4, $5, $6, now(), clock_timestamp(),
 		now() + ` + fmt.Sprintf(s.ttlSQL, "$7::bigint") + ` * interval '1 microsecond', ` + bucket + `
 	WHERE current_setting('justonce.claim', true) = $8::text
-		AND NOT EXISTS (` + inBuckets("SELECT 1") + `)
+		AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` e WHERE ` + where + `)
 	RETURNING true`
 	return st
 }
