@@ -17,12 +17,38 @@ import (
 	"github.com/justonce/justonce/internal/testsvc"
 )
 
-// latencies runs n Do calls (one business insert each) on workers
-// goroutines and returns ops/s and the sorted latencies.
+// latencies runs n Do calls with a one-insert handler on workers
+// goroutines and returns their rate and sorted latencies.
 func latencies(b *testing.B, l *inbox.Ledger, prefix string, workers, n int) (float64, []time.Duration) {
+	return latenciesUntil(b, l, prefix, workers, n, nil)
+}
+
+// latenciesUntil is latencies that goes on past n calls until done (polled
+// every 20 ms) reports true; nil done stops at n.
+func latenciesUntil(b *testing.B, l *inbox.Ledger, prefix string, workers, n int, done func() bool) (float64, []time.Duration) {
 	ctx := context.Background()
 	var next atomic.Int64
-	lat := make([]time.Duration, n)
+	var finished atomic.Bool
+	if done == nil {
+		finished.Store(true)
+	} else {
+		stop := make(chan struct{})
+		defer close(stop)
+		go func() {
+			t := time.NewTicker(20 * time.Millisecond)
+			defer t.Stop()
+			for !done() {
+				select {
+				case <-stop:
+					return
+				case <-t.C:
+				}
+			}
+			finished.Store(true)
+		}()
+	}
+	var mu sync.Mutex
+	lat := make([]time.Duration, 0, n)
 	var wg sync.WaitGroup
 	start := time.Now()
 	for w := 0; w < workers; w++ {
@@ -31,7 +57,7 @@ func latencies(b *testing.B, l *inbox.Ledger, prefix string, workers, n int) (fl
 			defer wg.Done()
 			for {
 				i := int(next.Add(1)) - 1
-				if i >= n {
+				if i >= n && finished.Load() {
 					return
 				}
 				id := prefix + strconv.Itoa(i)
@@ -40,7 +66,10 @@ func latencies(b *testing.B, l *inbox.Ledger, prefix string, workers, n int) (fl
 					_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, id)
 					return inbox.Result{}, err
 				})
-				lat[i] = time.Since(t0)
+				d := time.Since(t0)
+				mu.Lock()
+				lat = append(lat, d)
+				mu.Unlock()
 				if err != nil {
 					b.Error(err)
 					return
@@ -49,7 +78,7 @@ func latencies(b *testing.B, l *inbox.Ledger, prefix string, workers, n int) (fl
 		}()
 	}
 	wg.Wait()
-	rate := float64(n) / time.Since(start).Seconds()
+	rate := float64(len(lat)) / time.Since(start).Seconds()
 	sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
 	return rate, lat
 }
