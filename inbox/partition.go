@@ -20,19 +20,20 @@ import (
 // next bucket every width, at staggered times, and drops a bucket once
 // every row in it has expired. Do claims as on the plain layout (the key's
 // advisory lock, then a look-up in a statement of its own, then the row
-// written with the commit), but its look-up names the tables of the key's
+// written with the commit), but its look-up names the buckets of the key's
 // shard only, from a view of the buckets the ledger keeps: normally two.
 // The other claims, DoBatch and failures go through the partitioned table
 // and the SQL functions the migration creates. docs/RETENTION.md has the
 // reasoning.
 
 // bucketView is the ledger's view of the buckets: for each shard, the
-// statements of Do's claim, which name that shard's bucket tables. It may
-// be stale; a stale view never lets a claim through: a bucket opened since
+// statements of Do's claim, which name that shard's buckets. It may be
+// stale; a stale view never lets a claim through: a bucket opened since
 // makes the claim's first statement answer "stale" (and the row's INSERT
-// fail, SQLSTATE JO001, if it opened while the handler ran), and a bucket
-// dropped since makes the look-up fail (42P01). Either way the claim is
-// made again with a fresh view.
+// fail, SQLSTATE JO001, if it opened while the handler ran), and the claim
+// is made again with a fresh view. A bucket detached or dropped since is
+// pruned from the look-up like any bucket with no partition: its rows had
+// all expired.
 type bucketView struct {
 	loaded time.Time // local clock
 	dbTime time.Time // the database's clock when the view was loaded

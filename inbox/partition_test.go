@@ -822,8 +822,8 @@ func TestBucketsShardInGoMatchesSQL(t *testing.T) {
 // bucket opened since its view was loaded makes the claim look again (the
 // key's row may be in that bucket), a bucket opened while the handler ran
 // refuses the row (the transaction rolls back and the claim is made
-// again), and a bucket dropped since makes the look-up fail and the claim
-// look again.
+// again), and a bucket dropped since is pruned from the look-up (no
+// partition has its id), so claims go on.
 func TestBucketsStaleViewNeverDoubles(t *testing.T) {
 	t.Parallel()
 	b := bucketsLedger(t, time.Hour, 2*time.Second)
@@ -875,8 +875,7 @@ func TestBucketsStaleViewNeverDoubles(t *testing.T) {
 
 	// Dropped since the view: the other process's janitor drops the
 	// oldest buckets (closed, MaxTTL ago); this ledger's view still names
-	// them: the first claim that looks there meets a missing table, and
-	// is made again with a fresh view.
+	// them, and its claims of every shard go on.
 	_, err = b.ledger.Do(ctx, req("orders", "view"), noop) // a view with three buckets per shard
 	require.NoError(t, err)
 	first := bucketOf(t, b, "first") % migrations.DefaultShards // the shard's first bucket id

@@ -606,7 +606,9 @@ func (f *redisFront) evalMany(ctx context.Context, script *redis.Script, keys []
 // ours. A key that is not new is then looked up, and a row to take over
 // goes through the layout's claim function. A stale view (a bucket opened
 // since it was loaded) rolls the savepoint back and claims again with a
-// fresh view; a bucket table dropped since fails the run. A key not
+// fresh view; a bucket detached or dropped since is pruned from the
+// statements (its rows had all expired), and the newest bucket's table
+// missing (a view older than any bucket's life) fails the run. A key not
 // claimed comes back with its row, the savepoint rolled back and released
 // (which frees the key's lock); a key claimed leaves its columns in c.
 func (l *Ledger) claimEachBuckets(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, req Request, c *claimedScan) (claimRow, error) {
