@@ -754,6 +754,13 @@ func (l *Ledger) batchOnce(ctx context.Context, conn *pgx.Conn, reqs, uniq []Req
 			rollback(conn)
 			return false, fmt.Errorf("justonce/inbox: batch result: %w", err)
 		}
+		if l.store.buckets { // each row goes into its shard's newest bucket
+			shards := make([]int32, len(newIdx))
+			for j, i := range newIdx {
+				shards[j] = int32(shardOf(reqs[i].Key, l.store.shards))
+			}
+			insertArgs = append(insertArgs, shards)
+		}
 	}
 	err = l.commit(ctx, conn, func(b *pgx.Batch) {
 		if insertArgs != nil {
@@ -836,7 +843,15 @@ func (l *Ledger) lockMany(ctx context.Context, conn *pgx.Conn, reqs []Request) (
 	b.Queue("BEGIN")
 	b.Queue(l.store.lockManySQL, locks).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, &now) })
 	rows := make([]claimRow, n)
-	b.Queue(l.store.lookupManySQL, scopes, tenants, ids).Query(func(qr pgx.Rows) error {
+	args := []any{scopes, tenants, ids}
+	if l.store.buckets { // the look-up probes each key's shard only
+		shards := make([]int32, n)
+		for i, r := range reqs {
+			shards[i] = int32(shardOf(r.Key, l.store.shards))
+		}
+		args = append(args, shards)
+	}
+	b.Queue(l.store.lookupManySQL, args...).Query(func(qr pgx.Rows) error {
 		got, err := l.store.collectClaimLookup(qr, reqs)
 		copy(rows, got)
 		return err

@@ -128,8 +128,10 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 	// (SQLSTATE 22023). Both refusals call the layout's functions, which
 	// raise them. Do's statements, per shard, are built with the view
 	// (shardStatements); these serve DoBatch, which goes through the
-	// partitioned table and writes into each key's newest bucket as the
-	// INSERT sees the bucket list.
+	// partitioned table without a view, reading the bucket list with the
+	// snapshot of its look-up, and writes into each key's newest bucket as
+	// the INSERT sees the bucket list. Both take each key's shard from the
+	// ledger, which computes it as processed_events_shard does.
 	const readCommitted = `current_setting('transaction_isolation') = 'read committed'`
 	s.lockOneSQL = r.Replace(`SELECT CASE WHEN ` + readCommitted + ` THEN pg_try_advisory_xact_lock($1::bigint # {OID})
 		ELSE {REFUSE_RR} END, now()`)
@@ -151,10 +153,24 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 	SELECT u.scope, u.tenant, u.event_id, 'done', u.fingerprint, u.source, u.principal,
 		u.code, u.header, u.body, u.duration_us, now(), clock_timestamp(),
 		now() + ` + fmt.Sprintf(s.ttlSQL, "u.ttl_us") + ` * interval '1 microsecond',
-		(SELECT max(b.id) FROM {BUCKETS} b WHERE b.shard = {SHARD}(u.scope, u.tenant, u.event_id))
+		(SELECT max(b.id) FROM {BUCKETS} b WHERE b.shard = u.shard)
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[],
-		$7::integer[], $8::text[]::jsonb[], $9::bytea[], $10::bigint[], $11::bigint[])
-		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us)`)
+		$7::integer[], $8::text[]::jsonb[], $9::bytea[], $10::bigint[], $11::bigint[], $12::integer[])
+		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us, shard)`)
+
+	// DoBatch's look-up, with each key's shard ($4, computed by the
+	// ledger): for every bucket of the shard in the bucket list (read
+	// with the statement's snapshot, taken after the locks, so it lists
+	// every bucket a row committed before could be in), a probe of that
+	// bucket alone. The subqueries are kept apart (OFFSET 0) so that
+	// Postgres runs them as nested loops and prunes the partitions at run
+	// time: each key costs one index probe per bucket of its shard, not
+	// one per bucket of the table.
+	s.lookupManySQL = r.Replace(`SELECT u.ord, ` + strings.ReplaceAll(lookupCols, "x.", "e.") + `
+		FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[]) WITH ORDINALITY AS u(scope, tenant, event_id, shard, ord)
+		CROSS JOIN LATERAL (SELECT b.id FROM {BUCKETS} b WHERE b.shard = u.shard OFFSET 0) b
+		CROSS JOIN LATERAL (SELECT * FROM {T} e WHERE e.scope = u.scope AND e.tenant = u.tenant
+			AND e.event_id = u.event_id AND e.bucket = b.id OFFSET 0) e`)
 
 	const out = `o_status, o_fingerprint, o_source, o_principal, o_lease_owner, o_lease_until, o_fencing_token,
 		o_attempts, o_response_code, o_response_headers, o_response_body, o_error, o_duration_us,

@@ -122,6 +122,51 @@ func BenchmarkDoEachBucketsVsPlain(b *testing.B) {
 	b.ReportMetric(speedRatio(took[1], took[0]), "ratio")
 }
 
+// BenchmarkDoBatchBucketsVsPlain: DoBatch of 100 new keys with a handler
+// that inserts their payments, 4 workers, on a plain ledger and on a
+// time-bucket ledger in steady state (two buckets per shard), each holding
+// JUSTONCE_BENCH_ROWS live rows (default 1 million), alternating rounds in
+// one run.
+func BenchmarkDoBatchBucketsVsPlain(b *testing.B) {
+	rows := envInt("JUSTONCE_BENCH_ROWS", 1_000_000)
+	const workers, size = 4, 100
+	plainPG, plain := benchLedger(b, migrations.Config{}, inbox.Config{}, workers)
+	bulkLoad(b, plainPG, rows, false)
+	const maxTTL = 40 * time.Minute
+	bucketPG, buckets := benchLedger(b, migrations.Config{Layout: migrations.LayoutTimeBuckets, MaxTTL: maxTTL},
+		inbox.Config{DefaultTTL: maxTTL}, workers)
+	bucketLoad(b, bucketPG, rows, "now() + interval '40 minutes'", false)
+	batch := func(l *inbox.Ledger, tag string) func(round, i int) error {
+		return func(round, i int) error {
+			reqs := make([]inbox.Request, size)
+			for j := range reqs {
+				reqs[j] = inbox.Request{Key: inbox.Key{Scope: "batch", ID: tag + strconv.Itoa(round) + "-" + strconv.Itoa(i) + "-" + strconv.Itoa(j)}}
+			}
+			outs, err := l.DoBatch(context.Background(), reqs, func(ctx context.Context, tx pgx.Tx, fresh []int) ([]inbox.Result, error) {
+				bt := &pgx.Batch{}
+				for _, k := range fresh {
+					bt.Queue(`INSERT INTO payments VALUES ($1, 1)`, reqs[k].ID)
+				}
+				return nil, tx.SendBatch(ctx, bt).Close()
+			})
+			if err == nil && outs[size-1].Disposition != inbox.Executed {
+				err = fmt.Errorf("unexpected %v", outs[size-1].Disposition)
+			}
+			return err
+		}
+	}
+	b.ResetTimer()
+	rounds, perRound := sized(20, 2), sized(10, 4)
+	var took [][]time.Duration
+	for n := 0; n < b.N; n++ {
+		took = interleave(b, workers, n*rounds, rounds, perRound, batch(plain, "p"), batch(buckets, "b"))
+	}
+	b.StopTimer()
+	b.ReportMetric(rate(took[0], perRound)*size, "plain-msgs/s")
+	b.ReportMetric(rate(took[1], perRound)*size, "msgs/s")
+	b.ReportMetric(speedRatio(took[1], took[0]), "ratio")
+}
+
 // claimDo is Do with a handler that inserts one payment, on keys tagged
 // tag.
 func claimDo(l *inbox.Ledger, tag string) func(round, i int) error {

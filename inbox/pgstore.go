@@ -69,11 +69,7 @@ func newPGStore(schema string) *pgStore {
 	r := strings.NewReplacer("{T}", s.table, "{SEQ}", s.seq, "{OID}", oid)
 
 	// recordCols lists a row's columns under an alias, in scanRecord order.
-	cols := func(a string) string {
-		return strings.ReplaceAll(`x.status, x.fingerprint, x.source, x.principal, x.lease_owner, x.lease_until,
-		x.fencing_token, x.attempts, x.response_code, x.response_headers, x.response_body, x.error,
-		x.duration_us, x.created_at, x.completed_at, x.expires_at, x.expires_at > now(), x.lease_until > now()`, "x.", a+".")
-	}
+	cols := func(a string) string { return strings.ReplaceAll(lookupCols, "x.", a+".") }
 
 	// The claim inserts the row, or takes over a row whose retention
 	// expired or (lease mode) whose lease expired with the same
@@ -643,6 +639,12 @@ func isKeyConflict(err error) bool {
 	return errors.As(err, &pgErr) && pgErr.Code == "23505" &&
 		strings.HasPrefix(pgErr.ConstraintName, "processed_events") && strings.HasSuffix(pgErr.ConstraintName, "pkey")
 }
+
+// lookupCols are the columns a look-up returns for recordScan, of a row
+// named x.
+const lookupCols = `x.status, x.fingerprint, x.source, x.principal, x.lease_owner, x.lease_until,
+		x.fencing_token, x.attempts, x.response_code, x.response_headers, x.response_body, x.error,
+		x.duration_us, x.created_at, x.completed_at, x.expires_at, x.expires_at > now(), x.lease_until > now()`
 
 // collectClaimLookup reads lookupManySQL's rows: the existing row of each
 // request that has one (claimed is left false).
