@@ -182,6 +182,30 @@ func lag(t testing.TB, brokers []string, group, topic string) map[int]int64 {
 }
 
 // waitNoLag waits until the group has committed every offset of topic.
+// logGroup logs the group's state and each member's partitions, and the
+// lag of each partition, for a test that failed.
+func logGroup(t testing.TB, brokers []string, group string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 5 * time.Second}
+	res, err := client.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+	if err != nil {
+		t.Logf("group %s: %v", group, err)
+		return
+	}
+	for _, g := range res.Groups {
+		t.Logf("group %s: state %s, %d members, error %v", g.GroupID, g.GroupState, len(g.Members), g.Error)
+		for _, m := range g.Members {
+			var parts []int
+			for _, tp := range m.MemberAssignments.Topics {
+				parts = append(parts, tp.Partitions...)
+			}
+			t.Logf("  member %s (%s): partitions %v", m.MemberID, m.ClientHost, parts)
+		}
+	}
+}
+
 func waitNoLag(t testing.TB, brokers []string, group, topic string) {
 	t.Helper()
 	testsvc.Eventually(t, 60*time.Second, func() bool {

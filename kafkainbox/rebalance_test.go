@@ -54,6 +54,12 @@ func TestRebalanceLosesAndDoublesNothing(t *testing.T) {
 	}
 	cfg := kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: fx.processor()}
 
+	t.Cleanup(func() { // what to look at when it fails
+		if t.Failed() {
+			t.Logf("handler runs: A %d, B %d; effects %d", runsA.Load(), runsB.Load(), fx.effects(t))
+			logGroup(t, brokers, group)
+		}
+	})
 	publish(t, brokers, topic, events("r", 0, n/2, 50)...)
 	stopA := start(t, cfg, handler(&runsA, true))
 	releaseHeld := sync.OnceFunc(func() { close(release) })
