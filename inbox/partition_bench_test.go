@@ -88,11 +88,43 @@ func BenchmarkClaimBucketsVsPlain(b *testing.B) {
 }
 
 // BenchmarkDoEachBucketsVsPlain: DoEach (the batched consumers' claim) of
-// 50 new keys with a one-insert handler, 4 workers, on a plain ledger and
-// on a time-bucket ledger in steady state (two buckets per shard), each
-// holding JUSTONCE_BENCH_ROWS live rows (default 1 million), alternating
-// rounds in one run.
+// 50 new keys with a one-insert handler (see batchesVsPlain).
 func BenchmarkDoEachBucketsVsPlain(b *testing.B) {
+	batchesVsPlain(b, 50, func(l *inbox.Ledger, reqs []inbox.Request) error {
+		run, err := l.DoEach(context.Background(), reqs, inbox.EachOptions{}, func(ctx context.Context, tx pgx.Tx, k int) (inbox.Result, error) {
+			_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, reqs[k].ID)
+			return inbox.Result{}, err
+		})
+		if err == nil && len(run.Outcomes) != len(reqs) {
+			err = fmt.Errorf("%d outcomes", len(run.Outcomes))
+		}
+		return err
+	})
+}
+
+// BenchmarkDoBatchBucketsVsPlain: DoBatch of 100 new keys with a handler
+// that inserts their payments (see batchesVsPlain).
+func BenchmarkDoBatchBucketsVsPlain(b *testing.B) {
+	batchesVsPlain(b, 100, func(l *inbox.Ledger, reqs []inbox.Request) error {
+		outs, err := l.DoBatch(context.Background(), reqs, func(ctx context.Context, tx pgx.Tx, fresh []int) ([]inbox.Result, error) {
+			bt := &pgx.Batch{}
+			for _, k := range fresh {
+				bt.Queue(`INSERT INTO payments VALUES ($1, 1)`, reqs[k].ID)
+			}
+			return nil, tx.SendBatch(ctx, bt).Close()
+		})
+		if err == nil && outs[len(reqs)-1].Disposition != inbox.Executed {
+			err = fmt.Errorf("unexpected %v", outs[len(reqs)-1].Disposition)
+		}
+		return err
+	})
+}
+
+// batchesVsPlain runs op on batches of size new keys, 4 workers, on a plain
+// ledger and on a time-bucket ledger in steady state (two buckets per
+// shard), each holding JUSTONCE_BENCH_ROWS live rows (default 1 million),
+// alternating rounds in one run.
+func batchesVsPlain(b *testing.B, size int, op func(l *inbox.Ledger, reqs []inbox.Request) error) {
 	rows := envInt("JUSTONCE_BENCH_ROWS", 1_000_000)
 	const workers = 4
 	plainPG, plain := benchLedger(b, migrations.Config{}, inbox.Config{}, workers)
@@ -101,76 +133,24 @@ func BenchmarkDoEachBucketsVsPlain(b *testing.B) {
 	bucketPG, buckets := benchLedger(b, migrations.Config{Layout: migrations.LayoutTimeBuckets, MaxTTL: maxTTL},
 		inbox.Config{DefaultTTL: maxTTL}, workers)
 	bucketLoad(b, bucketPG, rows, "now() + interval '40 minutes'", false)
-	each := func(l *inbox.Ledger, tag string) func(round, i int) error {
-		return func(round, i int) error {
-			reqs := make([]inbox.Request, 50)
-			for j := range reqs {
-				reqs[j] = inbox.Request{Key: inbox.Key{Scope: "each", ID: tag + strconv.Itoa(round) + "-" + strconv.Itoa(i) + "-" + strconv.Itoa(j)}}
-			}
-			run, err := l.DoEach(context.Background(), reqs, inbox.EachOptions{}, func(ctx context.Context, tx pgx.Tx, k int) (inbox.Result, error) {
-				_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, reqs[k].ID)
-				return inbox.Result{}, err
-			})
-			if err == nil && len(run.Outcomes) != 50 {
-				err = fmt.Errorf("%d outcomes", len(run.Outcomes))
-			}
-			return err
-		}
-	}
-	b.ResetTimer()
-	rounds, perRound := sized(20, 2), sized(10, 4)
-	var took [][]time.Duration
-	for n := 0; n < b.N; n++ {
-		took = interleave(b, workers, n*rounds, rounds, perRound, each(plain, "p"), each(buckets, "b"))
-	}
-	b.StopTimer()
-	b.ReportMetric(rate(took[0], perRound)*50, "plain-msgs/s")
-	b.ReportMetric(rate(took[1], perRound)*50, "msgs/s")
-	b.ReportMetric(speedRatio(took[1], took[0]), "ratio")
-}
-
-// BenchmarkDoBatchBucketsVsPlain: DoBatch of 100 new keys with a handler
-// that inserts their payments, 4 workers, on a plain ledger and on a
-// time-bucket ledger in steady state (two buckets per shard), each holding
-// JUSTONCE_BENCH_ROWS live rows (default 1 million), alternating rounds in
-// one run.
-func BenchmarkDoBatchBucketsVsPlain(b *testing.B) {
-	rows := envInt("JUSTONCE_BENCH_ROWS", 1_000_000)
-	const workers, size = 4, 100
-	plainPG, plain := benchLedger(b, migrations.Config{}, inbox.Config{}, workers)
-	bulkLoad(b, plainPG, rows, false)
-	const maxTTL = 40 * time.Minute
-	bucketPG, buckets := benchLedger(b, migrations.Config{Layout: migrations.LayoutTimeBuckets, MaxTTL: maxTTL},
-		inbox.Config{DefaultTTL: maxTTL}, workers)
-	bucketLoad(b, bucketPG, rows, "now() + interval '40 minutes'", false)
-	batch := func(l *inbox.Ledger, tag string) func(round, i int) error {
+	on := func(l *inbox.Ledger, tag string) func(round, i int) error {
 		return func(round, i int) error {
 			reqs := make([]inbox.Request, size)
 			for j := range reqs {
 				reqs[j] = inbox.Request{Key: inbox.Key{Scope: "batch", ID: tag + strconv.Itoa(round) + "-" + strconv.Itoa(i) + "-" + strconv.Itoa(j)}}
 			}
-			outs, err := l.DoBatch(context.Background(), reqs, func(ctx context.Context, tx pgx.Tx, fresh []int) ([]inbox.Result, error) {
-				bt := &pgx.Batch{}
-				for _, k := range fresh {
-					bt.Queue(`INSERT INTO payments VALUES ($1, 1)`, reqs[k].ID)
-				}
-				return nil, tx.SendBatch(ctx, bt).Close()
-			})
-			if err == nil && outs[size-1].Disposition != inbox.Executed {
-				err = fmt.Errorf("unexpected %v", outs[size-1].Disposition)
-			}
-			return err
+			return op(l, reqs)
 		}
 	}
 	b.ResetTimer()
 	rounds, perRound := sized(20, 2), sized(10, 4)
 	var took [][]time.Duration
 	for n := 0; n < b.N; n++ {
-		took = interleave(b, workers, n*rounds, rounds, perRound, batch(plain, "p"), batch(buckets, "b"))
+		took = interleave(b, workers, n*rounds, rounds, perRound, on(plain, "p"), on(buckets, "b"))
 	}
 	b.StopTimer()
-	b.ReportMetric(rate(took[0], perRound)*size, "plain-msgs/s")
-	b.ReportMetric(rate(took[1], perRound)*size, "msgs/s")
+	b.ReportMetric(rate(took[0], perRound)*float64(size), "plain-msgs/s")
+	b.ReportMetric(rate(took[1], perRound)*float64(size), "msgs/s")
 	b.ReportMetric(speedRatio(took[1], took[0]), "ratio")
 }
 
