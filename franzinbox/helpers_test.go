@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kadm"
+	"github.com/twmb/franz-go/pkg/kerr"
 	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/justonce/justonce/consumer"
@@ -149,7 +150,15 @@ func lag(t testing.TB, brokers []string, group, topic string) map[int32]int64 {
 	ends, err := adm.ListEndOffsets(ctx, topic)
 	require.NoError(t, err)
 	require.NoError(t, ends.Error())
-	cs, err := adm.FetchOffsetsForTopics(ctx, group, topic)
+	// A coordinator that is still loading (a broker just started) answers
+	// with a retriable error: ask again until the deadline.
+	var cs kadm.OffsetResponses
+	for {
+		if cs, err = adm.FetchOffsetsForTopics(ctx, group, topic); err == nil || !kerr.IsRetriable(err) || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	require.NoError(t, err)
 	out := map[int32]int64{}
 	ends.Each(func(o kadm.ListedOffset) {

@@ -281,10 +281,6 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 	queueLookup(b, st.lookup, req.Key, &ls, &found)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		rollback(conn)
-		if isStaleView(err) { // a bucket table the view named is gone
-			l.store.invalidateView()
-			return Outcome{}, true, storeErr("claim", err)
-		}
 		return Outcome{}, false, storeErr("claim", err)
 	}
 	if !readCommitted {

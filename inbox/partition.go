@@ -22,8 +22,9 @@ import (
 // advisory lock, then a look-up in a statement of its own, then the row
 // written with the commit), but its look-up names the buckets of the key's
 // shard only, from a view of the buckets the ledger keeps: normally two.
-// The other claims, DoBatch and failures go through the partitioned table
-// and the SQL functions the migration creates. docs/RETENTION.md has the
+// DoBatch probes each key's shard's buckets as the bucket list stands in
+// its own snapshot; the other claims and failures go through the SQL
+// functions the migration creates. docs/RETENTION.md has the
 // reasoning.
 
 // bucketView is the ledger's view of the buckets: for each shard, the
@@ -93,9 +94,17 @@ func (s *pgStore) detect(ctx context.Context, q querier) error {
 	if kind == "p" {
 		var width, maxTTL int64
 		var shards int
-		if err := q.QueryRow(ctx, `SELECT extract(epoch FROM width)::bigint, extract(epoch FROM max_ttl)::bigint, shards FROM `+
-			s.ident("processed_events_layout")).Scan(&width, &maxTTL, &shards); err != nil {
+		var encoding string
+		if err := q.QueryRow(ctx, `SELECT extract(epoch FROM width)::bigint, extract(epoch FROM max_ttl)::bigint, shards,
+			current_setting('server_encoding') FROM `+
+			s.ident("processed_events_layout")).Scan(&width, &maxTTL, &shards, &encoding); err != nil {
 			return fmt.Errorf("ledger layout: %w", err)
+		}
+		// The ledger computes a key's shard from its UTF-8 bytes, as
+		// processed_events_shard does from the database's: they agree
+		// only when the database stores text as those bytes.
+		if encoding != "UTF8" && encoding != "SQL_ASCII" {
+			return fmt.Errorf("ledger layout: the time-bucket layout needs a UTF8 database, not %s", encoding)
 		}
 		s.useTimeBuckets(time.Duration(width)*time.Second, time.Duration(maxTTL)*time.Second, shards)
 	}
