@@ -76,7 +76,10 @@ func TestRebalanceLosesAndDoublesNothing(t *testing.T) {
 	stopB := start(t, cfgB, handler(&runsB, false))
 	publish(t, brokers, topic, events("r", n/2, n, 50)...)
 	publish(t, brokers, topic, events("r", 0, n/5, 50)...) // redeliveries of early IDs
-	testsvc.Eventually(t, 60*time.Second, func() bool { return runsB.Load() >= n/10 }, "B gets partitions and progresses")
+	// B needs only to run some handlers: A keeps its other partitions busy
+	// until the rebalance, and may have consumed most of the stream by then
+	// (a CI run saw A run 2,474 handlers and B 160 at this point).
+	testsvc.Eventually(t, 60*time.Second, func() bool { return runsB.Load() >= n/100 }, "B gets partitions and progresses")
 	require.False(t, returned.Load(), "A's handler was still in flight when the group rebalanced for B")
 	require.Zero(t, fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, heldID), "the held effect is not committed yet")
 	releaseHeld()
