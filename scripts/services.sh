@@ -487,7 +487,10 @@ EOF
   local jopts=(-Dlog4j2.configurationFile="$KAFKA_HOME/log4j2.xml" -Djava.awt.headless=true)
   if [[ ! -f $KAFKA_DIR/data/meta.properties ]]; then
     local cid
-    cid=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '=')
+    # A cluster id that starts with '-' reads as an option to the tool
+    # (Kafka's own random ids avoid it too): draw again.
+    cid=-
+    while [[ $cid == -* ]]; do cid=$(head -c 16 /dev/urandom | base64 | tr '+/' '-_' | tr -d '='); done
     "$JAVA" -Xmx256m -XX:TieredStopAtLevel=1 "${jopts[@]}" -Djustonce.kafka.startlog=WARN -cp "$KAFKA_HOME/libs/*" \
       kafka.tools.StorageTool format -t "$cid" -c "$KAFKA_DIR/server.properties" >"$KAFKA_DIR/format.log" 2>&1 ||
       { show_log "$KAFKA_DIR/format.log"; die "kafka storage format failed"; }
