@@ -121,9 +121,14 @@ func StartKafkaCluster(t testing.TB, cfg KafkaClusterConfig) *KafkaCluster {
 	}
 	t.Cleanup(c.stopAll)
 
-	b := make([]byte, 16)
-	_, _ = rand.Read(b)
-	clusterID := base64.RawURLEncoding.EncodeToString(b)
+	// A cluster id that starts with '-' reads as an option to the storage
+	// tool (Kafka's own random ids avoid it too): draw again.
+	clusterID := "-"
+	for strings.HasPrefix(clusterID, "-") {
+		b := make([]byte, 16)
+		_, _ = rand.Read(b)
+		clusterID = base64.RawURLEncoding.EncodeToString(b)
+	}
 	voters := make([]string, 0, cfg.Nodes)
 	for i := 1; i <= cfg.Nodes; i++ {
 		voters = append(voters, fmt.Sprintf("%d@127.0.0.1:%d", i, c.controllerPort(i)))
