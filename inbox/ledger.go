@@ -265,6 +265,10 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 	if err != nil {
 		return Outcome{}, false, storeErr("claim", err)
 	}
+	ttl := l.ttl(req)
+	if err := l.store.checkTTL(ttl); err != nil {
+		return Outcome{}, false, storeErr("claim", err)
+	}
 	var locked bool
 	var now time.Time
 	var found bool
@@ -314,7 +318,6 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 		return classify(req, claimRow{rec: rec, live: live}), false, nil
 	}
 
-	ttl := l.ttl(req)
 	start := time.Now()
 	hctx, run := withEventAtCommit(ctx, req.Key)
 	res, err := runHandler(hctx, conn, fn)
@@ -635,6 +638,11 @@ func (l *Ledger) DoBatch(ctx context.Context, reqs []Request, fn BatchFunc) ([]O
 	conn := pc.Conn()
 	if err := l.store.detect(ctx, conn); err != nil { // the layout, at first use
 		return nil, storeErr("claim", err)
+	}
+	for _, r := range uniq {
+		if err := l.store.checkTTL(l.ttl(r)); err != nil {
+			return nil, storeErr("claim", err)
+		}
 	}
 
 	for attempt := 1; ; attempt++ {

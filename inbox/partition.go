@@ -118,12 +118,12 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 	s.buckets = true
 	s.shards = shards
 	s.width = width
+	s.maxTTL = maxTTL
 	s.viewMaxAge, s.dropGrace = viewTimes(width)
 	s.oid = "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
 	r := strings.NewReplacer("{T}", s.table, "{OID}", s.oid, "{CLAIM}", s.ident("processed_events_claim"),
 		"{FAIL}", s.ident("processed_events_fail"), "{SHARD}", s.ident("processed_events_shard"),
 		"{BUCKETS}", s.ident("processed_events_buckets"),
-		"{MAXTTL_US}", strconv.FormatInt(maxTTL.Microseconds(), 10),
 		// The layout's failure function, called where it raises: past its
 		// TTL check, it takes a (blocking) advisory lock, then refuses any
 		// transaction stricter than READ COMMITTED.
@@ -133,9 +133,9 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 	// snapshot is taken after the lock is ours, so it sees every row an
 	// earlier holder committed, whatever its bucket; in a stricter
 	// isolation level it would not, and the lock statement refuses
-	// (SQLSTATE 0A000). A TTL past MaxTTL is refused by the row's INSERT
-	// (SQLSTATE 22023). Both refusals call the layout's functions, which
-	// raise them. Do's statements, per shard, are built with the view
+	// (SQLSTATE 0A000), by calling the layout's failure function, which
+	// raises it. A TTL past MaxTTL is refused before the claim (checkTTL).
+	// Do's statements, per shard, are built with the view
 	// (shardStatements); these serve DoBatch, which goes through the
 	// partitioned table without a view, reading the bucket list with the
 	// snapshot of its look-up, and writes into each key's newest bucket as
@@ -147,21 +147,16 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 	s.lockManySQL = r.Replace(`SELECT array_agg(pg_try_advisory_xact_lock(u.k # {OID}) ORDER BY u.o), now()
 		FROM unnest($1::bigint[]) WITH ORDINALITY AS u(k, o)
 		WHERE CASE WHEN ` + readCommitted + ` THEN true ELSE {REFUSE_RR} END`)
-	// The refusal is a call of the failure function, which raises it
-	// first: a scalar call costs nothing until it runs, where a sub-select
-	// of the claim function would be set up by every INSERT.
-	s.ttlSQL = r.Replace(`CASE WHEN %[1]s <= {MAXTTL_US} THEN %[1]s
-		ELSE {FAIL}('', '', '', NULL, '', '', 0, '', %[1]s, 0)::integer::bigint END`)
 	s.insertDoneSQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
 		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
 	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
-		now() + ` + fmt.Sprintf(s.ttlSQL, "$11::bigint") + ` * interval '1 microsecond',
+		now() + $11::bigint * interval '1 microsecond',
 		(SELECT max(b.id) FROM {BUCKETS} b WHERE b.shard = {SHARD}($1, $2, $3)))`)
 	s.insertManySQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
 		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
 	SELECT u.scope, u.tenant, u.event_id, 'done', u.fingerprint, u.source, u.principal,
 		u.code, u.header, u.body, u.duration_us, now(), clock_timestamp(),
-		now() + ` + fmt.Sprintf(s.ttlSQL, "u.ttl_us") + ` * interval '1 microsecond',
+		now() + u.ttl_us * interval '1 microsecond',
 		(SELECT max(b.id) FROM {BUCKETS} b WHERE b.shard = u.shard)
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[],
 		$7::integer[], $8::text[]::jsonb[], $9::bytea[], $10::bigint[], $11::bigint[], $12::integer[])
@@ -310,7 +305,7 @@ func (s *pgStore) shardStatements(ids []int32) shardSQL {
 	st.insert = `INSERT INTO ` + s.ident(bucketName(newest)) + ` (scope, tenant, event_id, status, fingerprint, source, principal,
 		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
 	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
-		now() + ` + fmt.Sprintf(s.ttlSQL, "$11::bigint") + ` * interval '1 microsecond', ` + bucket + `)`
+		now() + $11::bigint * interval '1 microsecond', ` + bucket + `)`
 
 	mark := func(lock string) string {
 		return `SELECT x.*, set_config('justonce.claim', CASE WHEN x.locked THEN $2::text ELSE '' END, true) IS NOT NULL
@@ -320,7 +315,7 @@ func (s *pgStore) shardStatements(ids []int32) shardSQL {
 	st.claimNew = `INSERT INTO ` + s.ident(bucketName(newest)) + ` (scope, tenant, event_id, status, fingerprint, source, principal,
 		created_at, completed_at, expires_at, bucket)
 	SELECT $1, $2, $3, 'done', $4, $5, $6, now(), clock_timestamp(),
-		now() + ` + fmt.Sprintf(s.ttlSQL, "$7::bigint") + ` * interval '1 microsecond', ` + bucket + `
+		now() + $7::bigint * interval '1 microsecond', ` + bucket + `
 	WHERE current_setting('justonce.claim', true) = $8::text
 		AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` e WHERE ` + where + `)
 	RETURNING true`
@@ -551,6 +546,18 @@ func execCancelling(ctx context.Context, conn *pgx.Conn, sql string) error {
 		return fmt.Errorf("%w (%v)", ctx.Err(), err)
 	}
 	return err
+}
+
+// checkTTL refuses, on the time-bucket layout, a TTL past MaxTTL (a row
+// with it could outlive its bucket), before anything runs. The SQL
+// functions (leases, takeovers, DoTx) refuse it themselves. The error is
+// the one they raise: SQLSTATE 22023 (invalid_parameter_value).
+func (s *pgStore) checkTTL(ttl time.Duration) error {
+	if !s.buckets || ttl <= s.maxTTL {
+		return nil
+	}
+	return &pgconn.PgError{Severity: "ERROR", Code: "22023",
+		Message: fmt.Sprintf("justonce: TTL of %s exceeds the ledger's MaxTTL of %s", ttl, s.maxTTL)}
 }
 
 // errNotReadCommitted is Do's refusal of a transaction stricter than READ

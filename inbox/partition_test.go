@@ -427,7 +427,17 @@ func TestBucketsTTLLongerThanABucket(t *testing.T) {
 	_, err = b.ledger.Do(ctx, tooLong("too-long-do"), pay("p3", &ran))
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "22023", pgErr.Code)
-	_, err = b.ledger.DoBatch(ctx, []inbox.Request{req("orders", "fine"), tooLong("too-long-batch")}, batchNoop)
+	require.EqualValues(t, 2, ran.Load(), "refused before the handler runs")
+	_, err = b.ledger.DoBatch(ctx, []inbox.Request{req("orders", "fine"), tooLong("too-long-batch")},
+		func(context.Context, pgx.Tx, []int) ([]inbox.Result, error) {
+			ran.Add(1)
+			return nil, nil
+		})
+	require.ErrorAs(t, err, &pgErr)
+	require.Equal(t, "22023", pgErr.Code)
+	require.EqualValues(t, 2, ran.Load(), "refused before the handler runs")
+	_, err = b.ledger.DoEach(ctx, []inbox.Request{req("orders", "fine"), tooLong("too-long-each")}, inbox.EachOptions{},
+		func(context.Context, pgx.Tx, int) (inbox.Result, error) { return inbox.Result{}, nil })
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "22023", pgErr.Code)
 	_, _, err = b.ledger.AcquireLease(ctx, tooLong("too-long-lease"), time.Second)

@@ -30,7 +30,7 @@ type pgStore struct {
 	buckets bool
 	shards  int           // time buckets: how many shards keys are spread over
 	width   time.Duration // time buckets: how long a shard writes into one bucket
-	ttlSQL  string        // time buckets: a TTL in microseconds (%[1]s), refused past MaxTTL
+	maxTTL  time.Duration // time buckets: the longest TTL a row may have
 	oid     string        // time buckets: the table's OID, shifted, for lock keys
 	// time buckets: how long a view of the buckets is used, and how long
 	// after its detach a bucket's table is dropped (see viewTimes)

@@ -628,6 +628,9 @@ func (l *Ledger) claimEachBuckets(ctx context.Context, conn *pgx.Conn, b *pgx.Ba
 		return nil
 	}
 	ttl := l.ttl(req)
+	if err := l.store.checkTTL(ttl); err != nil {
+		return claimRow{}, storeErr("claim", err)
+	}
 	key := lockKey(req.Key)
 	for attempt := 1; ; attempt++ {
 		st, err := l.store.doStatements(ctx, conn, req.Key)
