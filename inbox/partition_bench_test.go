@@ -125,7 +125,9 @@ func BenchmarkDoBatchBucketsVsPlain(b *testing.B) {
 // batchesVsPlain runs op on batches of size new keys, 4 workers, on a plain
 // ledger and on a time-bucket ledger in steady state (two buckets per
 // shard), each holding JUSTONCE_BENCH_ROWS live rows (default 1 million),
-// alternating rounds in one run.
+// alternating rounds in one run: 20 rounds of 40 batches each (a round of
+// a few batches lasts tens of milliseconds, and its slowest batch weighs
+// on it).
 func batchesVsPlain(b *testing.B, size int, op func(l *inbox.Ledger, reqs []inbox.Request) error) {
 	rows := envInt("JUSTONCE_BENCH_ROWS", 1_000_000)
 	const workers = 4
@@ -145,7 +147,7 @@ func batchesVsPlain(b *testing.B, size int, op func(l *inbox.Ledger, reqs []inbo
 		}
 	}
 	b.ResetTimer()
-	rounds, perRound := sized(20, 2), sized(10, 4)
+	rounds, perRound := sized(20, 2), sized(40, 4)
 	var took [][]time.Duration
 	for n := 0; n < b.N; n++ {
 		took = interleave(b, workers, n*rounds, rounds, perRound, on(plain, "p"), on(buckets, "b"))
