@@ -122,7 +122,7 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 	s.viewMaxAge, s.dropGrace = viewTimes(width)
 	s.oid = "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
 	r := strings.NewReplacer("{T}", s.table, "{OID}", s.oid, "{CLAIM}", s.ident("processed_events_claim"),
-		"{FAIL}", s.ident("processed_events_fail"), "{SHARD}", s.ident("processed_events_shard"),
+		"{FAIL}", s.ident("processed_events_fail"),
 		"{BUCKETS}", s.ident("processed_events_buckets"),
 		// The layout's failure function, called where it raises: past its
 		// TTL check, it takes a (blocking) advisory lock, then refuses any
@@ -147,11 +147,6 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 	s.lockManySQL = r.Replace(`SELECT array_agg(pg_try_advisory_xact_lock(u.k # {OID}) ORDER BY u.o), now()
 		FROM unnest($1::bigint[]) WITH ORDINALITY AS u(k, o)
 		WHERE CASE WHEN ` + readCommitted + ` THEN true ELSE {REFUSE_RR} END`)
-	s.insertDoneSQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
-		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
-	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
-		now() + $11::bigint * interval '1 microsecond',
-		(SELECT max(b.id) FROM {BUCKETS} b WHERE b.shard = {SHARD}($1, $2, $3)))`)
 	s.insertManySQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
 		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
 	SELECT u.scope, u.tenant, u.event_id, 'done', u.fingerprint, u.source, u.principal,
@@ -215,7 +210,7 @@ func bucketName(id int) string { return "processed_events_b" + strconv.Itoa(id) 
 // bucketViewMaxAge.
 func (s *pgStore) doStatements(ctx context.Context, q querier, k Key) (shardSQL, error) {
 	if !s.buckets {
-		return shardSQL{lock: s.lockOneSQL, lookup: s.lookupSQL}, nil
+		return shardSQL{lock: s.lockOneSQL, lookup: s.lookupSQL, insert: s.insertDoneSQL}, nil
 	}
 	v := s.view.Load()
 	if v == nil || time.Since(v.loaded) > s.viewMaxAge {

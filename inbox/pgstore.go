@@ -143,7 +143,9 @@ SELECT u.ord, false, ` + cols("e") + `
 		FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(scope, tenant, event_id, ord)
 		JOIN {T} e ON e.scope = u.scope AND e.tenant = u.tenant AND e.event_id = u.event_id`)
 	// insertDoneSQL writes a transactional-mode row, complete, under the
-	// key's lock, for a key the lock holder found absent: a plain INSERT.
+	// key's lock, for a key the lock holder found absent: a plain INSERT
+	// (Do's on the plain layout; the time-bucket layout's name the bucket,
+	// see shardStatements).
 	// A conflict (a row written without the lock) fails it, and with it
 	// the commit.
 	s.insertDoneSQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
@@ -587,13 +589,9 @@ func takeover(rec *Record, live, leased bool, fp []byte) bool {
 		(fp == nil || rec.Fingerprint == nil || string(fp) == string(rec.Fingerprint))
 }
 
-// queueInsertDone adds the statement that writes a claimed key's row,
-// complete, with the commit (the write-once path): sql, or when empty the
-// layout's insertDoneSQL.
+// queueInsertDone adds sql, the statement that writes a claimed key's row
+// (shardSQL.insert), complete, with the commit (the write-once path).
 func (s *pgStore) queueInsertDone(b *pgx.Batch, sql string, r Request, ttl time.Duration, res Result, d time.Duration) {
-	if sql == "" {
-		sql = s.insertDoneSQL
-	}
 	b.Queue(sql, r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal,
 		nullCode(res.Code), nullHeader(res.Header), res.Body, d.Microseconds(), ttl.Microseconds())
 }
