@@ -151,25 +151,26 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
 	SELECT u.scope, u.tenant, u.event_id, 'done', u.fingerprint, u.source, u.principal,
 		u.code, u.header, u.body, u.duration_us, now(), clock_timestamp(),
-		now() + u.ttl_us * interval '1 microsecond',
-		(SELECT max(b.id) FROM {BUCKETS} b WHERE b.shard = u.shard)
+		now() + u.ttl_us * interval '1 microsecond', n.id
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[],
 		$7::integer[], $8::text[]::jsonb[], $9::bytea[], $10::bigint[], $11::bigint[], $12::integer[])
-		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us, shard)`)
+		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us, shard)
+	LEFT JOIN (SELECT b.shard, max(b.id) AS id FROM {BUCKETS} b GROUP BY b.shard) n ON n.shard = u.shard`)
 
 	// DoBatch's look-up, with each key's shard ($4, computed by the
-	// ledger): for every bucket of the shard in the bucket list (read
-	// with the statement's snapshot, taken after the locks, so it lists
-	// every bucket a row committed before could be in), a probe of that
-	// bucket alone. The subqueries are kept apart (OFFSET 0) so that
-	// Postgres runs them as nested loops and prunes the partitions at run
-	// time: each key costs one index probe per bucket of its shard, not
-	// one per bucket of the table.
+	// ledger): the keys joined with the bucket list (read once, with the
+	// statement's snapshot, taken after the locks, so it lists every
+	// bucket a row committed before could be in), then for each key and
+	// bucket of its shard a probe of that bucket alone. The subqueries are
+	// kept apart (OFFSET 0) so that Postgres runs the probes as a nested
+	// loop and prunes the partitions at run time: each key costs one index
+	// probe per bucket of its shard, not one per bucket of the table.
 	s.lookupManySQL = r.Replace(`SELECT u.ord, ` + strings.ReplaceAll(lookupCols, "x.", "e.") + `
-		FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[]) WITH ORDINALITY AS u(scope, tenant, event_id, shard, ord)
-		CROSS JOIN LATERAL (SELECT b.id FROM {BUCKETS} b WHERE b.shard = u.shard OFFSET 0) b
+		FROM (SELECT u.*, b.id FROM unnest($1::text[], $2::text[], $3::text[], $4::integer[])
+				WITH ORDINALITY AS u(scope, tenant, event_id, shard, ord)
+			JOIN {BUCKETS} b ON b.shard = u.shard OFFSET 0) u
 		CROSS JOIN LATERAL (SELECT * FROM {T} e WHERE e.scope = u.scope AND e.tenant = u.tenant
-			AND e.event_id = u.event_id AND e.bucket = b.id OFFSET 0) e`)
+			AND e.event_id = u.event_id AND e.bucket = u.id OFFSET 0) e`)
 
 	const out = `o_status, o_fingerprint, o_source, o_principal, o_lease_owner, o_lease_until, o_fencing_token,
 		o_attempts, o_response_code, o_response_headers, o_response_body, o_error, o_duration_us,
