@@ -437,9 +437,13 @@ func TestBucketsTTLLongerThanABucket(t *testing.T) {
 	require.Equal(t, "22023", pgErr.Code)
 	require.EqualValues(t, 2, ran.Load(), "refused before the handler runs")
 	_, err = b.ledger.DoEach(ctx, []inbox.Request{req("orders", "fine"), tooLong("too-long-each")}, inbox.EachOptions{},
-		func(context.Context, pgx.Tx, int) (inbox.Result, error) { return inbox.Result{}, nil })
+		func(context.Context, pgx.Tx, int) (inbox.Result, error) {
+			ran.Add(1)
+			return inbox.Result{}, nil
+		})
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "22023", pgErr.Code)
+	require.EqualValues(t, 2, ran.Load(), "refused before any handler runs, the first request's too")
 	_, _, err = b.ledger.AcquireLease(ctx, tooLong("too-long-lease"), time.Second)
 	require.ErrorAs(t, err, &pgErr)
 	require.Equal(t, "22023", pgErr.Code)

@@ -89,6 +89,16 @@ func (l *Ledger) DoEach(ctx context.Context, reqs []Request, opts EachOptions, f
 	if err := ctx.Err(); err != nil {
 		return EachRun{}, fmt.Errorf("justonce/inbox: %w", err)
 	}
+	// On the time-bucket layout a TTL past MaxTTL fails the run before
+	// any handler runs, as it fails Do and DoBatch.
+	if err := l.store.detect(ctx, l.pool); err != nil {
+		return EachRun{}, storeErr("claim", err)
+	}
+	for _, q := range reqs {
+		if err := l.store.checkTTL(l.ttl(q)); err != nil {
+			return EachRun{}, storeErr("claim", err)
+		}
+	}
 	r := &eachRun{l: l, reqs: reqs, opts: opts, fn: fn, start: time.Now()}
 	// Copies of a key: a scan rather than a map, for batches of tens.
 	r.first = make([]int, len(reqs))
@@ -627,10 +637,7 @@ func (l *Ledger) claimEachBuckets(ctx context.Context, conn *pgx.Conn, b *pgx.Ba
 		b.Queue("SAVEPOINT justonce_each")
 		return nil
 	}
-	ttl := l.ttl(req)
-	if err := l.store.checkTTL(ttl); err != nil {
-		return claimRow{}, storeErr("claim", err)
-	}
+	ttl := l.ttl(req) // ≤ MaxTTL: DoEach checked every request's
 	key := lockKey(req.Key)
 	for attempt := 1; ; attempt++ {
 		st, err := l.store.doStatements(ctx, conn, req.Key)
