@@ -308,10 +308,22 @@ func (s *pgStore) shardStatements(ids []int32) shardSQL {
 		FROM (` + lock + `) x`
 	}
 	st.markLock, st.markLockEarly = mark(st.lock), mark(st.lockEarly)
+	// DoEach's claim row asks the bucket list, not the catalog, whether
+	// the newest bucket is still the newest. to_regclass answers from the
+	// session's catalog cache, which Postgres brings up to date when the
+	// transaction first takes a lock on a table: Do's INSERT always does
+	// (its transaction has only read the bucket's table), but a DoEach run
+	// holds every lock it needs once it has written a key into the bucket,
+	// so a later key's check could miss a bucket opened since and write
+	// the key beside a row another process wrote there. The bucket list is
+	// read with the statement's snapshot, taken after the key's lock.
+	listed := `CASE WHEN NOT EXISTS (SELECT 1 FROM ` + s.ident("processed_events_buckets") + ` b WHERE b.id = ` +
+		strconv.Itoa(newest+s.shards) + `) THEN ` + strconv.Itoa(newest) + ` ELSE ` +
+		s.ident("processed_events_closed") + `(` + strconv.Itoa(newest) + `) END`
 	st.claimNew = `INSERT INTO ` + s.ident(bucketName(newest)) + ` (scope, tenant, event_id, status, fingerprint, source, principal,
 		created_at, completed_at, expires_at, bucket)
 	SELECT $1, $2, $3, 'done', $4, $5, $6, now(), clock_timestamp(),
-		now() + $7::bigint * interval '1 microsecond', ` + bucket + `
+		now() + $7::bigint * interval '1 microsecond', ` + listed + `
 	WHERE current_setting('justonce.claim', true) = $8::text
 		AND NOT EXISTS (SELECT 1 FROM ` + s.table + ` e WHERE ` + where + `)
 	RETURNING true`

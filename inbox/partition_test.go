@@ -1003,3 +1003,54 @@ func TestBucketsDoEach(t *testing.T) {
 	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'short'`))
 	require.Equal(t, 3, b.pg.Count(t, `SELECT count(*) FROM payments`))
 }
+
+// A bucket opened while a DoEach run is under way, after the run has
+// written into the shard's newest bucket (so its transaction holds every
+// lock its later claims need): another process claims a later key of the
+// run in the new bucket and commits; when the run reaches that key it
+// finds it there, and its handler does not run.
+func TestBucketsDoEachBucketOpensMidRun(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Hour, 2*time.Second)
+	ctx := context.Background()
+	// Three keys of one shard.
+	var ids []string
+	for i := 0; len(ids) < 3; i++ {
+		id := "mid-" + strconv.Itoa(i)
+		if inbox.ShardOf(inbox.Key{Scope: "orders", ID: id}, migrations.DefaultShards) == 0 {
+			ids = append(ids, id)
+		}
+	}
+	_, err := b.ledger.Do(ctx, req("orders", ids[0]+"-warm"), noop) // loads the view
+	require.NoError(t, err)
+	other, err := inbox.New(b.pg.Pool, inbox.Config{DefaultTTL: 2 * time.Second}) // another process
+	require.NoError(t, err)
+	reqs := []inbox.Request{req("orders", ids[0]), req("orders", ids[1]), req("orders", ids[2])}
+	ran := map[string]int{}
+	run, err := b.ledger.DoEach(ctx, reqs, inbox.EachOptions{}, func(ctx context.Context, tx pgx.Tx, i int) (inbox.Result, error) {
+		ran[reqs[i].ID]++
+		if _, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, reqs[i].ID+"-each"); err != nil {
+			return inbox.Result{}, err
+		}
+		if i == 0 {
+			// After the run's first row and first handler: the next
+			// bucket opens, and another process claims the second key in it.
+			openNext(t, b)
+			out, err := other.Do(ctx, reqs[1], func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+				ran[reqs[1].ID]++
+				_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, reqs[1].ID+"-other")
+				return inbox.Result{}, err
+			})
+			require.NoError(t, err)
+			require.Equal(t, inbox.Executed, out.Disposition)
+		}
+		return inbox.Result{}, nil
+	})
+	require.NoError(t, err)
+	require.NoError(t, run.Failed)
+	require.Len(t, run.Outcomes, 3)
+	require.Equal(t, inbox.Duplicate, run.Outcomes[1].Disposition, "the key claimed elsewhere meanwhile")
+	require.Equal(t, 1, ran[ids[1]], "the second key's handler ran once, in the other process")
+	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = $1`, ids[1]))
+	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM payments WHERE id LIKE $1`, ids[1]+"-%"))
+}
