@@ -113,18 +113,26 @@ func TestLayoutsConcurrentRacersRunOnce(t *testing.T) {
 		b := setupLayout(t, mc, inbox.Config{}, testsvc.MaxConns(20))
 		ctx := context.Background()
 		// Several keys, each raced by 25 callers mixing Do, DoBatch, DoEach
-		// and leases, while the janitor opens buckets (2 s apart per shard,
-		// staggered: one shard's every 250 ms) and the ledger's view of
-		// them goes stale.
+		// and leases, in two processes (ledgers), while the janitor of a
+		// third opens buckets (2 s apart per shard, staggered: one shard's
+		// every 250 ms) and the racers' views of them go stale. A DoEach
+		// racer's run first claims another key of the same shard, so that
+		// its transaction already writes into the shard's bucket when it
+		// reaches the raced key.
+		other, err := inbox.New(b.pg.Pool, inbox.Config{DefaultTTL: mc.MaxTTL})
+		require.NoError(t, err)
+		ledgers := []*inbox.Ledger{b.ledger, other}
 		opened := 0
 		if mc.Layout != migrations.LayoutPlain {
+			janitorLedger, err := inbox.New(b.pg.Pool, inbox.Config{})
+			require.NoError(t, err)
 			before := buckets(t, b)
 			jctx, stop := context.WithCancel(ctx)
 			janitor := make(chan struct{})
 			go func() {
 				defer close(janitor)
 				for jctx.Err() == nil {
-					if _, err := b.ledger.Purge(jctx, inbox.JanitorConfig{}); err != nil && jctx.Err() == nil {
+					if _, err := janitorLedger.Purge(jctx, inbox.JanitorConfig{}); err != nil && jctx.Err() == nil {
 						t.Error(err)
 					}
 					time.Sleep(20 * time.Millisecond)
@@ -139,6 +147,7 @@ func TestLayoutsConcurrentRacersRunOnce(t *testing.T) {
 		}
 		for k := 0; k < 8; k++ {
 			id := fmt.Sprintf("evt-%d", k)
+			shard := inbox.ShardOf(inbox.Key{Scope: "orders", ID: id}, migrations.DefaultShards)
 			var ran atomic.Int64
 			var inflight atomic.Int64
 			var wg sync.WaitGroup
@@ -147,20 +156,29 @@ func TestLayoutsConcurrentRacersRunOnce(t *testing.T) {
 				wg.Add(1)
 				go func() {
 					defer wg.Done()
+					l := ledgers[i/4%2]
+					// A key of the raced key's shard, new to this racer.
+					filler := ""
+					for n := 0; filler == ""; n++ {
+						f := fmt.Sprintf("fill-%d-%d-%d", k, i, n)
+						if inbox.ShardOf(inbox.Key{Scope: "orders", ID: f}, migrations.DefaultShards) == shard {
+							filler = f
+						}
+					}
 					<-start
 					var d inbox.Disposition
 					var err error
 					switch i % 4 {
 					case 0:
 						var out inbox.Outcome
-						out, err = b.ledger.Do(ctx, req("orders", id), func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+						out, err = l.Do(ctx, req("orders", id), func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 							time.Sleep(20 * time.Millisecond)
 							return pay(id, &ran)(ctx, tx)
 						})
 						d = out.Disposition
 					case 1:
 						var outs []inbox.Outcome
-						outs, err = b.ledger.DoBatch(ctx, []inbox.Request{req("orders", id)}, func(ctx context.Context, tx pgx.Tx, _ []int) ([]inbox.Result, error) {
+						outs, err = l.DoBatch(ctx, []inbox.Request{req("orders", id)}, func(ctx context.Context, tx pgx.Tx, _ []int) ([]inbox.Result, error) {
 							time.Sleep(20 * time.Millisecond)
 							_, err := pay(id, &ran)(ctx, tx)
 							return nil, err
@@ -170,17 +188,20 @@ func TestLayoutsConcurrentRacersRunOnce(t *testing.T) {
 						}
 					case 2:
 						var run inbox.EachRun
-						run, err = b.ledger.DoEach(ctx, []inbox.Request{req("orders", id)}, inbox.EachOptions{},
-							func(ctx context.Context, tx pgx.Tx, _ int) (inbox.Result, error) {
+						run, err = l.DoEach(ctx, []inbox.Request{req("orders", filler), req("orders", id)}, inbox.EachOptions{},
+							func(ctx context.Context, tx pgx.Tx, j int) (inbox.Result, error) {
 								time.Sleep(20 * time.Millisecond)
+								if j == 0 {
+									return inbox.Result{}, nil
+								}
 								return pay(id, &ran)(ctx, tx)
 							})
-						if err == nil && len(run.Outcomes) == 1 {
-							d = run.Outcomes[0].Disposition
+						if err == nil && len(run.Outcomes) == 2 {
+							d = run.Outcomes[1].Disposition
 						}
 					default:
 						var out inbox.Outcome
-						out, err = b.ledger.DoLeased(ctx, req("orders", id), time.Minute, func(context.Context, int64) (inbox.Result, error) {
+						out, err = l.DoLeased(ctx, req("orders", id), time.Minute, func(context.Context, int64) (inbox.Result, error) {
 							time.Sleep(20 * time.Millisecond)
 							_, err := b.pg.Pool.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ($1, 1)`, id)
 							ran.Add(1)
