@@ -3,6 +3,7 @@ package inbox
 import (
 	"context"
 	"strings"
+	"time"
 )
 
 // JanitorLockSQL returns a statement taking the janitor's advisory lock, for
@@ -14,6 +15,17 @@ func (l *Ledger) JanitorLockSQL() (string, int64) {
 
 // RedisKeys exposes the Redis key names of k to tests.
 func (l *Ledger) RedisKeys(k Key) (res, lock string) { return l.fast.keys(k) }
+
+// ViewDBTime returns the database time the ledger's bucket view was loaded
+// at (zero without a view), and makes every claim from now on load the view
+// again, for tests.
+func (l *Ledger) ViewDBTime() time.Time {
+	l.store.viewMaxAge = 0
+	if v := l.store.view.Load(); v != nil {
+		return v.dbTime
+	}
+	return time.Time{}
+}
 
 // ShardOf exposes the key's shard on the time-bucket layout to tests.
 func ShardOf(k Key, shards int) int { return shardOf(k, shards) }

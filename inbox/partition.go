@@ -37,7 +37,10 @@ import (
 // all expired.
 type bucketView struct {
 	loaded time.Time // local clock
-	dbTime time.Time // the database's clock when the view was loaded
+	// dbTime is the database's clock when the view was loaded: the
+	// statement's time, not the transaction's (a DoEach run loads views
+	// inside its transaction, which may have started long before).
+	dbTime time.Time
 	shards []shardSQL
 }
 
@@ -240,7 +243,7 @@ func (s *pgStore) loadView(ctx context.Context, q querier) (*bucketView, error) 
 	opened := make([]time.Time, s.shards)
 	loaded := time.Now()
 	var dbTime time.Time
-	rows, err := q.Query(ctx, `SELECT shard, array_agg(id ORDER BY id), max(opened_at), now()
+	rows, err := q.Query(ctx, `SELECT shard, array_agg(id ORDER BY id), max(opened_at), statement_timestamp()
 		FROM `+s.ident("processed_events_buckets")+` WHERE detached_at IS NULL GROUP BY shard`)
 	if err != nil {
 		return nil, err
@@ -337,6 +340,35 @@ func isStaleView(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && (pgErr.Code == "JO001" ||
 		pgErr.Code == "42P01" && strings.Contains(pgErr.Message, "processed_events_b"))
+}
+
+// isNoPartition reports whether err is Postgres finding no partition for a
+// row written through the partitioned table: on the time-bucket layout, a
+// row meant for a bucket opened after the session last brought its cached
+// list of partitions up to date (see refreshPartitions).
+func isNoPartition(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.HasPrefix(pgErr.Message, "no partition of relation")
+}
+
+// refreshPartitions brings the session's cached list of the ledger's
+// partitions up to date, inside the transaction on q, so that a claim
+// made again can write into k's shard's newest bucket. A session applies
+// the catalog changes others committed when its transaction starts and
+// when it takes a lock it does not hold yet; a transaction that already
+// holds the ledger's locks (a caller's that claimed before, with DoTx; a
+// DoEach run) keeps the list it had, while the layout's SQL functions read
+// the bucket list with fresh snapshots. Taking the lock the claim needs on
+// the newest bucket's table, named from the bucket list, brings the list
+// up to date.
+func (s *pgStore) refreshPartitions(ctx context.Context, q querier, k Key) error {
+	var id int32
+	if err := q.QueryRow(ctx, `SELECT max(id) FROM `+s.ident("processed_events_buckets")+` WHERE shard = $1`,
+		shardOf(k, s.shards)).Scan(&id); err != nil {
+		return err
+	}
+	_, err := q.Exec(ctx, `LOCK TABLE `+s.ident(bucketName(int(id)))+` IN ROW EXCLUSIVE MODE`)
+	return err
 }
 
 // ident quotes name, qualified with the ledger's schema when it has one.

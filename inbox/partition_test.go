@@ -14,6 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/inbox"
@@ -122,6 +123,21 @@ func TestLayoutsConcurrentRacersRunOnce(t *testing.T) {
 		other, err := inbox.New(b.pg.Pool, inbox.Config{DefaultTTL: mc.MaxTTL})
 		require.NoError(t, err)
 		ledgers := []*inbox.Ledger{b.ledger, other}
+		// Warm up, so that the racers start together: each ledger has
+		// loaded its view, and the pool has its connections.
+		for i, l := range ledgers {
+			_, err := l.Do(ctx, req("orders", fmt.Sprintf("warm-%d", i)), noop)
+			require.NoError(t, err)
+		}
+		var warm []*pgxpool.Conn
+		for range 20 {
+			c, err := b.pg.Pool.Acquire(ctx)
+			require.NoError(t, err)
+			warm = append(warm, c)
+		}
+		for _, c := range warm {
+			c.Release()
+		}
 		opened := 0
 		if mc.Layout != migrations.LayoutPlain {
 			janitorLedger, err := inbox.New(b.pg.Pool, inbox.Config{})
@@ -190,10 +206,10 @@ func TestLayoutsConcurrentRacersRunOnce(t *testing.T) {
 						var run inbox.EachRun
 						run, err = l.DoEach(ctx, []inbox.Request{req("orders", filler), req("orders", id)}, inbox.EachOptions{},
 							func(ctx context.Context, tx pgx.Tx, j int) (inbox.Result, error) {
-								time.Sleep(20 * time.Millisecond)
 								if j == 0 {
 									return inbox.Result{}, nil
 								}
+								time.Sleep(20 * time.Millisecond)
 								return pay(id, &ran)(ctx, tx)
 							})
 						if err == nil && len(run.Outcomes) == 2 {
@@ -1074,4 +1090,121 @@ func TestBucketsDoEachBucketOpensMidRun(t *testing.T) {
 	require.Equal(t, 1, ran[ids[1]], "the second key's handler ran once, in the other process")
 	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = $1`, ids[1]))
 	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM payments WHERE id LIKE $1`, ids[1]+"-%"))
+}
+
+// A bucket view loaded inside a DoEach run carries the database's time of
+// loading, not the start of the run's transaction: Do tells from it
+// whether the shard's next bucket may have opened since, and an old time
+// would let it skip that check.
+func TestBucketsViewLoadedInARunKeepsItsTime(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Hour, 2*time.Second)
+	ctx := context.Background()
+	_, err := b.ledger.Do(ctx, req("orders", "warm"), noop)
+	require.NoError(t, err)
+	before := b.ledger.ViewDBTime() // every claim from now on loads the view again
+	require.False(t, before.IsZero())
+	const pause = 300 * time.Millisecond
+	run, err := b.ledger.DoEach(ctx, []inbox.Request{req("orders", "run-1"), req("orders", "run-2")}, inbox.EachOptions{},
+		func(_ context.Context, _ pgx.Tx, i int) (inbox.Result, error) {
+			if i == 0 {
+				time.Sleep(pause) // the run's transaction ages before the second claim loads the view
+			}
+			return inbox.Result{}, nil
+		})
+	require.NoError(t, err)
+	require.Len(t, run.Outcomes, 2)
+	require.GreaterOrEqual(t, b.ledger.ViewDBTime().Sub(before), pause)
+}
+
+// sameShard returns n key IDs (prefix and a number) of shard 0.
+func sameShard(prefix string, n int) []string {
+	var ids []string
+	for i := 0; len(ids) < n; i++ {
+		id := prefix + strconv.Itoa(i)
+		if inbox.ShardOf(inbox.Key{Scope: "orders", ID: id}, migrations.DefaultShards) == 0 {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// A caller's transaction claims with DoTx, then the shard's next bucket
+// opens and another process writes a key there: the same transaction's
+// next DoTx calls find that key, and write a new one into the new bucket.
+// Postgres keeps the transaction's list of partitions from before the
+// opening, since the transaction already holds the ledger's locks; the
+// claim brings it up to date instead of failing the caller's transaction
+// with "no partition found for row".
+func TestBucketsDoTxAcrossABucketOpening(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Hour, 2*time.Second)
+	ctx := context.Background()
+	ids := sameShard("tx-", 3)
+	other, err := inbox.New(b.pg.Pool, inbox.Config{DefaultTTL: 2 * time.Second}) // another process
+	require.NoError(t, err)
+	var ran atomic.Int64
+	tx, err := b.pg.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	out, err := b.ledger.DoTx(ctx, tx, req("orders", ids[0]), pay(ids[0], &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	openNext(t, b)
+	out, err = other.Do(ctx, req("orders", ids[1]), pay(ids[1], &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+
+	out, err = b.ledger.DoTx(ctx, tx, req("orders", ids[1]), pay(ids[1]+"-again", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Duplicate, out.Disposition)
+	out, err = b.ledger.DoTx(ctx, tx, req("orders", ids[2]), pay(ids[2], &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	require.NoError(t, tx.Commit(ctx))
+	require.EqualValues(t, 3, ran.Load())
+	require.Equal(t, 3, b.pg.Count(t, `SELECT count(*) FROM payments`))
+	require.Greater(t, bucketOf(t, b, ids[2]), bucketOf(t, b, ids[0]), "the new key went into the new bucket")
+}
+
+// A DoEach run takes over two expired keys of one shard, the shard's next
+// bucket opening while the first one's handler runs: the second is moved
+// into the new bucket, and the run does not fail (see
+// TestBucketsDoTxAcrossABucketOpening).
+func TestBucketsDoEachTakeoversAcrossABucketOpening(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Hour, 3*time.Second)
+	ctx := context.Background()
+	ids := sameShard("take-", 2)
+	var reqs []inbox.Request
+	for _, id := range ids {
+		r := req("orders", id)
+		r.TTL = 100 * time.Millisecond
+		_, err := b.ledger.Do(ctx, r, noop)
+		require.NoError(t, err)
+		reqs = append(reqs, req("orders", id))
+	}
+	testsvc.Eventually(t, 5*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE expires_at <= now()`) == 2
+	}, "rows expire")
+	var ran []int
+	run, err := b.ledger.DoEach(ctx, reqs, inbox.EachOptions{}, func(ctx context.Context, tx pgx.Tx, i int) (inbox.Result, error) {
+		ran = append(ran, i)
+		_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, reqs[i].ID)
+		if i == 0 {
+			// After the run's first statement on every table it uses.
+			openNext(t, b)
+		}
+		return inbox.Result{}, err
+	})
+	require.NoError(t, err)
+	require.NoError(t, run.Failed)
+	require.Equal(t, []int{0, 1}, ran)
+	require.Len(t, run.Outcomes, 2)
+	for _, o := range run.Outcomes {
+		require.Equal(t, inbox.Executed, o.Disposition)
+	}
+	require.Equal(t, 2, b.pg.Count(t, `SELECT count(*) FROM payments`))
+	require.Equal(t, 2, b.pg.Count(t, `SELECT count(*) FROM processed_events`), "one row per key")
+	require.Greater(t, bucketOf(t, b, ids[1]), bucketOf(t, b, ids[0]), "the second key moved into the new bucket")
 }

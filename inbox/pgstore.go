@@ -528,6 +528,13 @@ func (s *pgStore) claimInSavepoint(ctx context.Context, tx pgx.Tx, req Request, 
 	if err := s.detect(ctx, tx); err != nil {
 		return claimRow{}, err
 	}
+	return s.claimInSavepointOnce(ctx, tx, req, ttl, false)
+}
+
+// claimInSavepointOnce is claimInSavepoint; refreshed says the
+// transaction's partition list was just brought up to date (it is, at most
+// once per claim).
+func (s *pgStore) claimInSavepointOnce(ctx context.Context, tx pgx.Tx, req Request, ttl time.Duration, refreshed bool) (claimRow, error) {
 	var c claimedScan
 	claimed := false
 	b := &pgx.Batch{}
@@ -541,7 +548,18 @@ func (s *pgStore) claimInSavepoint(ctx context.Context, tx pgx.Tx, req Request, 
 		return err
 	})
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return claimRow{}, err
+		if !s.buckets || !isNoPartition(err) || refreshed {
+			return claimRow{}, err
+		}
+		// A bucket opened since this transaction took the ledger's locks:
+		// bring its list of partitions up to date and claim again.
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT justonce_claim; RELEASE SAVEPOINT justonce_claim"); err != nil {
+			return claimRow{}, err
+		}
+		if err := s.refreshPartitions(ctx, tx, req.Key); err != nil {
+			return claimRow{}, err
+		}
+		return s.claimInSavepointOnce(ctx, tx, req, ttl, true)
 	}
 	if claimed {
 		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT justonce_claim"); err != nil {

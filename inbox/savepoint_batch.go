@@ -717,6 +717,18 @@ func (l *Ledger) claimEachBuckets(ctx context.Context, conn *pgx.Conn, b *pgx.Ba
 				}
 				return claimRow{}, nil
 			}
+			if isNoPartition(err) && attempt < maxConflictRetries {
+				// The shard's newest bucket opened after this run took the
+				// ledger's locks: bring the run's list of partitions up to
+				// date (refreshPartitions) and claim again.
+				if err := retry(); err != nil {
+					return claimRow{}, err
+				}
+				if err := l.store.refreshPartitions(ctx, conn, req.Key); err != nil {
+					return claimRow{}, storeErr("claim", err)
+				}
+				continue
+			}
 			if err != nil {
 				return claimRow{}, storeErr("claim", err)
 			}
