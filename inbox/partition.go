@@ -313,13 +313,16 @@ func (s *pgStore) shardStatements(ids []int32) shardSQL {
 	st.markLock, st.markLockEarly = mark(st.lock), mark(st.lockEarly)
 	// DoEach's claim row asks the bucket list, not the catalog, whether
 	// the newest bucket is still the newest. to_regclass answers from the
-	// session's catalog cache, which Postgres brings up to date when the
-	// transaction first takes a lock on a table: Do's INSERT always does
-	// (its transaction has only read the bucket's table), but a DoEach run
-	// holds every lock it needs once it has written a key into the bucket,
-	// so a later key's check could miss a bucket opened since and write
-	// the key beside a row another process wrote there. The bucket list is
-	// read with the statement's snapshot, taken after the key's lock.
+	// session's catalog cache, which Postgres brings up to date when a
+	// transaction starts and when it takes a lock it does not hold yet.
+	// Do's look-up takes its transaction's first lock on the ledger after
+	// the key's lock, so by Do's INSERT the cache knows every bucket opened
+	// before the key's lock, and a bucket opened later cannot hold the key
+	// (its writers take the key's lock). A DoEach run holds every lock it
+	// needs once it has claimed a key, so a later key's check could miss a
+	// bucket opened before that key's lock, and write the key beside a row
+	// another process wrote there. The bucket list is read with the
+	// statement's snapshot, taken after the key's lock.
 	listed := `CASE WHEN NOT EXISTS (SELECT 1 FROM ` + s.ident("processed_events_buckets") + ` b WHERE b.id = ` +
 		strconv.Itoa(newest+s.shards) + `) THEN ` + strconv.Itoa(newest) + ` ELSE ` +
 		s.ident("processed_events_closed") + `(` + strconv.Itoa(newest) + `) END`
