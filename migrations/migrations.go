@@ -66,7 +66,8 @@ type Config struct {
 	BucketWidth time.Duration
 	// Shards is how many shards keys are spread over (1 to 1024). Default
 	// DefaultShards (8). The table's size swings by about
-	// ±1/(Shards × (2 + 2 × MaxTTL/BucketWidth)) around its mean; a
+	// ±1/(Shards × (1 + 2 × MaxTTL/BucketWidth)) around its mean (±4.2 % with
+	// the defaults); a
 	// ledger has two buckets per shard most of the time.
 	Shards int
 }
