@@ -66,9 +66,12 @@ type Config struct {
 	BucketWidth time.Duration
 	// Shards is how many shards keys are spread over (1 to 1024). Default
 	// DefaultShards (8). The table's size swings by about
-	// ±1/(Shards × (1 + 2 × MaxTTL/BucketWidth)) around its mean (±4.2 % with
-	// the defaults); a
-	// ledger has two buckets per shard most of the time.
+	// ±1/(Shards × (1 + 2 × MaxTTL/BucketWidth)) around its mean (±4.2 %
+	// with the defaults); a ledger has two buckets per shard most of the
+	// time. Do's and DoEach's statements name their shard's buckets: three
+	// to five texts per shard in each connection's statement cache (pgx's
+	// holds 512 by default). Past about 100 shards, raise the pool's
+	// StatementCacheCapacity, or claims prepare their statements again.
 	Shards int
 }
 
