@@ -528,6 +528,23 @@ func classify(req Request, cr claimRow) Outcome {
 	}
 }
 
+// copyOutcome answers a later copy of a key within one batch (DoEach,
+// DoBatch), whose first copy, with fingerprint firstFP, got o: a copy with
+// another fingerprint is a Mismatch, as Do would answer it once the first
+// had run.
+func copyOutcome(req Request, firstFP []byte, o Outcome) Outcome {
+	switch {
+	case o.Disposition == Executed && fingerprintDiffers(req.Fingerprint, firstFP):
+		return Outcome{Disposition: Mismatch, Record: o.Record}
+	case o.Disposition == Executed:
+		return Outcome{Disposition: Duplicate, Result: o.Result, Record: o.Record}
+	case (o.Disposition == Duplicate || o.Disposition == Mismatch) && o.Record != nil:
+		// The key's row was there already: answer against it.
+		return classify(req, claimRow{rec: o.Record, live: true})
+	}
+	return o
+}
+
 func fingerprintDiffers(a, b []byte) bool {
 	return a != nil && b != nil && string(a) != string(b)
 }
@@ -660,11 +677,7 @@ func (l *Ledger) DoBatch(ctx context.Context, reqs []Request, fn BatchFunc) ([]O
 		if f == i {
 			continue
 		}
-		o := outs[f]
-		if o.Disposition == Executed {
-			o = Outcome{Disposition: Duplicate, Result: o.Result}
-		}
-		outs[i] = o
+		outs[i] = copyOutcome(r, reqs[f].Fingerprint, outs[f])
 	}
 	for i, r := range reqs {
 		l.observe(r, outs[i], nil)

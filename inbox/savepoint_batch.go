@@ -202,11 +202,7 @@ func (r *eachRun) run(ctx context.Context) (EachRun, error) {
 		}
 		req := r.reqs[i]
 		if f := r.first[i]; f != i {
-			o := outs[f]
-			if o.Disposition == Executed {
-				o = Outcome{Disposition: Duplicate, Result: o.Result}
-			}
-			outs = append(outs, o)
+			outs = append(outs, copyOutcome(req, r.reqs[f].Fingerprint, outs[f]))
 			continue
 		}
 		if r.states != nil {

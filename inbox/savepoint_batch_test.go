@@ -271,3 +271,50 @@ func TestDoEachRedisFastPath(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.Executed, run.Outcomes[0].Disposition, "released: runs again, not answered from a stale cache")
 }
+
+// Copies of a key within one DoEach or DoBatch call answer as Do would
+// once the first copy had run: the same fingerprint is a Duplicate,
+// another is a Mismatch, and against a row that was there before, each
+// copy is compared with that row.
+func TestCopiesInABatchCompareFingerprints(t *testing.T) {
+	t.Parallel()
+	b := setup(t, inbox.Config{})
+	ctx := context.Background()
+	withFP := func(id, fp string) inbox.Request {
+		r := req("orders", id)
+		r.Fingerprint = []byte(fp)
+		return r
+	}
+	dispositions := func(outs []inbox.Outcome) []inbox.Disposition {
+		var d []inbox.Disposition
+		for _, o := range outs {
+			d = append(d, o.Disposition)
+		}
+		return d
+	}
+	_, err := b.ledger.Do(ctx, withFP("old", "a"), noop)
+	require.NoError(t, err)
+	for _, call := range []struct {
+		name string
+		do   func(rs []inbox.Request) ([]inbox.Outcome, error)
+	}{
+		{"DoEach", func(rs []inbox.Request) ([]inbox.Outcome, error) {
+			run, err := b.ledger.DoEach(ctx, rs, inbox.EachOptions{}, func(context.Context, pgx.Tx, int) (inbox.Result, error) {
+				return inbox.Result{}, nil
+			})
+			return run.Outcomes, err
+		}},
+		{"DoBatch", func(rs []inbox.Request) ([]inbox.Outcome, error) {
+			return b.ledger.DoBatch(ctx, rs, batchNoop)
+		}},
+	} {
+		t.Run(call.name, func(t *testing.T) {
+			id := "new-" + call.name
+			outs, err := call.do([]inbox.Request{withFP(id, "a"), withFP(id, "b"), withFP(id, "a"),
+				withFP("old", "b"), withFP("old", "a")})
+			require.NoError(t, err)
+			require.Equal(t, []inbox.Disposition{inbox.Executed, inbox.Mismatch, inbox.Duplicate,
+				inbox.Mismatch, inbox.Duplicate}, dispositions(outs))
+		})
+	}
+}
