@@ -66,6 +66,14 @@
 // retry never counts, however long the outage: an outage dead-letters
 // nothing.
 //
+// The same holds when the ledger could not claim the message for a reason
+// that is not the message's, before its handler ran: the ledger's table or
+// a privilege is missing (consumers started before the migration), the
+// database refuses writes, the ledger refuses the configured TTL. Every
+// message would fail the same way, so it is retried as through an outage
+// (logged as one) rather than dead-lettered. A data or constraint error at
+// the claim (SQLSTATE classes 22 and 23) is the message's, and counts.
+//
 // # Outages
 //
 // While the database is unreachable, retries wait Config.StoreBackoff,

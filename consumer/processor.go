@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"runtime/debug"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -355,6 +356,13 @@ func (p *Processor) decide(ctx context.Context, m *Message, out inbox.Outcome, e
 		return Decision{Action: Ack, Outcome: out, HandlerRan: ran}
 	case ctx.Err() != nil:
 		return Decision{Action: Stop, Err: stopErr(ctx, err), HandlerRan: ran}
+	case !ran && ledgerFault(err):
+		// The ledger could not claim the event, for a reason that is not
+		// the event's: its table or a privilege is missing, the database
+		// refuses writes, the layout refuses the transaction. Every event
+		// would fail the same way: wait as through an outage rather than
+		// dead-letter the stream.
+		return p.transient(ctx, m, err, ran, p.unavailable(err))
 	case !inbox.IsTransient(err):
 		if ran {
 			p.available() // the claim went through: the database answers
@@ -415,6 +423,23 @@ func stopErr(ctx context.Context, err error) error {
 		return err
 	}
 	return fmt.Errorf("%w: %w", cerr, err)
+}
+
+// ledgerFault reports whether err is a ledger step's failure (the claim,
+// before any handler ran) that says nothing about the event: any but a
+// data or constraint error (SQLSTATE classes 22 and 23), which an event's
+// key can cause. A TTL the ledger refuses (22023) is the configuration's,
+// the same for every event.
+func ledgerFault(err error) bool {
+	var se *inbox.StoreError
+	if !errors.As(err, &se) {
+		return false
+	}
+	var pgErr *pgconn.PgError
+	if errors.As(err, &pgErr) && pgErr.Code != "22023" {
+		return !strings.HasPrefix(pgErr.Code, "22") && !strings.HasPrefix(pgErr.Code, "23")
+	}
+	return true
 }
 
 // lostRace reports whether err is a serialization failure or a deadlock:

@@ -16,6 +16,7 @@ import (
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/migrations"
 )
 
 type fx struct {
@@ -261,4 +262,39 @@ func TestStoreDownIsRetriedNotCounted(t *testing.T) {
 	require.Equal(t, consumer.Ack, p.Process(ctx, msg("x")).Action)
 	require.EqualValues(t, 2, calls.Load(), "the redelivery is a duplicate")
 	require.Equal(t, 1, f.pg.Count(t, `SELECT count(*) FROM effects`))
+}
+
+// A ledger that cannot claim for a reason that is not the event's (here
+// its table does not exist yet: consumers started before the migration)
+// dead-letters nothing: every event would fail the same way. The attempts
+// are not counted, and once the table is there the event runs once.
+func TestLedgerFaultIsNotTheEventsFailure(t *testing.T) {
+	t.Parallel()
+	pg := testsvc.Postgres(t, testsvc.NoMigrate())
+	pg.Exec(t, `CREATE TABLE effects (event_id text NOT NULL)`)
+	l, err := inbox.New(pg.Pool, inbox.Config{})
+	require.NoError(t, err)
+	f := &fx{pg: pg, ledger: l}
+	p, err := consumer.New(f.cfg(), func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		return f.insert(ctx, tx, m)
+	})
+	require.NoError(t, err)
+	ctx := context.Background()
+	m := msg("early")
+	for i := 0; i < 5; i++ { // more than MaxAttempts
+		d := p.Process(ctx, m)
+		require.Equal(t, consumer.Retry, d.Action, "attempt %d: %v", i, d.Err)
+		require.False(t, d.Counted)
+		require.False(t, d.HandlerRan)
+		require.ErrorIs(t, d.Err, inbox.ErrStore)
+	}
+	require.Empty(t, f.dead, "nothing dead-lettered")
+	require.Equal(t, 1, m.Attempt, "no attempt counted beyond the first")
+
+	_, err = migrations.New(pg.Pool, migrations.Config{Schema: pg.Schema}).Up(ctx)
+	require.NoError(t, err)
+	d := p.Process(ctx, m)
+	require.Equal(t, consumer.Ack, d.Action, "%v", d.Err)
+	require.EqualValues(t, 1, f.runs.Load())
+	require.Equal(t, 1, pg.Count(t, `SELECT count(*) FROM effects`))
 }

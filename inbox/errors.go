@@ -136,9 +136,12 @@ func (e *RolledBackError) Is(target error) bool { return target == ErrRolledBack
 // the event, the request or the handler. It looks at the cause, not at
 // which step failed:
 //
-//   - transient: ErrCommitUnknown; SQLSTATE class 08 (connection), 53300
-//     (too many connections), 57P01-57P05 (server shutting down or gone),
-//     40001 (serialization failure), 40P01 (deadlock), also when the
+//   - transient: ErrCommitUnknown; SQLSTATE class 08 (connection), class
+//     53 (insufficient resources: too many connections, disk full, out of
+//     memory), class 58 (system error, I/O), 25006 (a read-only
+//     transaction: a server that became a standby, as after a failover),
+//     55P03 (lock not available), 57P01-57P05 (server shutting down or
+//     gone), 40001 (serialization failure), 40P01 (deadlock), also when the
 //     handler's own query hit them; a ledger step (a *StoreError) that
 //     failed because the connection was refused, lost or closed.
 //   - not transient: ErrRolledBack, data and constraint errors (classes 22
@@ -173,10 +176,10 @@ func IsTransient(err error) bool {
 
 func transientCode(c string) bool {
 	switch c {
-	case "53300", "57P01", "57P02", "57P03", "57P04", "57P05", "40001", "40P01":
+	case "25006", "55P03", "57P01", "57P02", "57P03", "57P04", "57P05", "40001", "40P01":
 		return true
 	}
-	return strings.HasPrefix(c, "08")
+	return strings.HasPrefix(c, "08") || strings.HasPrefix(c, "53") || strings.HasPrefix(c, "58")
 }
 
 // connectionLost reports whether err is a connection that could not be

@@ -261,6 +261,11 @@ func TestIsTransientClassifiesByCause(t *testing.T) {
 		{pg("08006"), true},
 		{pg("57P01"), true},
 		{pg("53300"), true},
+		{pg("53100"), true},
+		{pg("58030"), true},
+		{pg("25006"), true},
+		{pg("55P03"), true},
+		{pg("57014"), false}, // a statement timeout: maybe the event's own
 		{pg("40001"), true},
 		{pg("40P01"), true},
 		{fmt.Errorf("handler: %w", pg("40001")), true},
