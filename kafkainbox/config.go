@@ -100,7 +100,11 @@ type Config struct {
 	DeadLetterTopic string
 	// DeadLetterWriter publishes dead letters (its Topic must be empty).
 	// Nil: a writer on Brokers with RequiredAcks all, owned and closed by
-	// the Consumer. Set it when the brokers need TLS or SASL.
+	// the Consumer. Set it when the brokers need TLS or SASL. It must wait
+	// for the brokers' acknowledgement (Async false, RequiredAcks set;
+	// RequireAll advised): the message's offset is committed once
+	// WriteMessages returns, and kafka-go's zero value (RequireNone)
+	// returns before any broker has the dead letter.
 	DeadLetterWriter *kafka.Writer
 
 	// Concurrency is how many messages (or batches) may run at once.
@@ -201,6 +205,9 @@ func (c Config) Validate() error {
 		return bad("negative duration")
 	case c.DeadLetterWriter != nil && c.DeadLetterWriter.Topic != "":
 		return bad("DeadLetterWriter.Topic must be empty (the Consumer sets each message's topic)")
+	case c.DeadLetterWriter != nil && (c.DeadLetterWriter.Async || c.DeadLetterWriter.RequiredAcks == kafka.RequireNone):
+		return bad("DeadLetterWriter must wait for the brokers (Async false, RequiredAcks RequireOne or RequireAll): " +
+			"the message is acked once its dead letter is written")
 	case c.Processor.DeadLetter == nil && c.deadLetterTopic() == c.Topic:
 		return bad("DeadLetterTopic is the consumed topic")
 	}

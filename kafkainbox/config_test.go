@@ -42,7 +42,13 @@ func TestConfig(t *testing.T) {
 		"negative buffer":   func(c *kafkainbox.Config) { c.MaxBuffered = -1 },
 		"negative interval": func(c *kafkainbox.Config) { c.CommitInterval = -1 },
 		"dlq is the topic":  func(c *kafkainbox.Config) { c.DeadLetterTopic = "orders" },
-		"writer with topic": func(c *kafkainbox.Config) { c.DeadLetterWriter = &kafka.Writer{Topic: "x"} },
+		"writer with topic": func(c *kafkainbox.Config) {
+			c.DeadLetterWriter = &kafka.Writer{Topic: "x", RequiredAcks: kafka.RequireAll}
+		},
+		"writer without acks": func(c *kafkainbox.Config) { c.DeadLetterWriter = &kafka.Writer{} },
+		"async writer": func(c *kafkainbox.Config) {
+			c.DeadLetterWriter = &kafka.Writer{RequiredAcks: kafka.RequireAll, Async: true}
+		},
 	} {
 		cfg := valid
 		mutate(&cfg)
