@@ -97,8 +97,9 @@
 // or Config.DeadLetterSubject, published with the
 // consumer.DeadLetterHeadersContext. With JetStream a stream must capture it: until
 // the publish succeeds the message is retried, never acked without its
-// dead letter. Its Nats-Msg-Id is "justonce-dlq:<stream>:<sequence>", so a
-// repeated dead-lettering is dropped by the stream's duplicate window. Run
+// dead letter. Its Nats-Msg-Id is "justonce-dlq:<stream>:<sequence>:<scope>",
+// so a repeated dead-lettering is dropped by the stream's duplicate window,
+// while consumers of the stream with other scopes keep their own. Run
 // refuses a configuration that would consume its own dead letters. Set
 // Processor.DeadLetter to send them elsewhere; the message is still
 // Term'ed.

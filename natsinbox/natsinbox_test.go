@@ -320,7 +320,8 @@ func TestPoisonDeadLetteredAfterDeliveries(t *testing.T) {
 	require.Equal(t, strconv.FormatUint(poisonSeq, 10), p.Header.Get(consumer.HeaderDLOffset), "stream sequence")
 	require.Equal(t, "p", p.Header.Get(consumer.HeaderDLScope))
 	require.Equal(t, "t-1", p.Header.Get("X-Trace"), "original headers kept")
-	require.Equal(t, fmt.Sprintf("justonce-dlq:%s:%d", stream, poisonSeq), p.Header.Get(jetstream.MsgIDHeader))
+	require.Equal(t, fmt.Sprintf("justonce-dlq:%s:%d:p", stream, poisonSeq), p.Header.Get(jetstream.MsgIDHeader),
+		"per stream, sequence and scope")
 	s := byID["schema"]
 	require.NotNil(t, s)
 	require.Equal(t, "1", s.Header.Get(consumer.HeaderDLAttempts), "permanent: at once")
