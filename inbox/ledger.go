@@ -81,9 +81,16 @@ func (c *Config) setDefaults() error {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	if c.Redis != nil {
-		if err := c.Redis.setDefaults(); err != nil {
+		rc := *c.Redis // the caller's may serve several ledgers
+		if rc.Prefix == "" && c.Schema != "" {
+			// Ledgers in different schemas may share a Redis: their keys
+			// must not meet.
+			rc.Prefix = "justonce:" + c.Schema + ":"
+		}
+		if err := rc.setDefaults(); err != nil {
 			return err
 		}
+		c.Redis = &rc
 	}
 	return nil
 }

@@ -40,9 +40,15 @@ type RedisConfig struct {
 	// Client is a single node, Sentinel or Cluster client. Set its
 	// ContextTimeoutEnabled option so that Timeout bounds socket reads.
 	Client redis.UniversalClient
-	// Prefix of every key. Default "justonce:". Keys are
+	// Prefix of every key. Default "justonce:", or "justonce:<schema>:"
+	// with Config.Schema. Keys are
 	// <prefix>{<hash>}:<scope>:<tenant>:<id>:lock|res, the hash tag keeping
-	// a key's lock and cached result on one Cluster slot.
+	// a key's lock and cached result on one Cluster slot. Nothing else in
+	// a key names the ledger: ledgers that share a Redis (in different
+	// databases, or told apart by search_path rather than Config.Schema)
+	// must each have their own Prefix, or one answers the other's keys
+	// from its cache. Every process of one ledger must use the same
+	// Prefix, or Release leaves the others' cached answers behind.
 	Prefix string
 	// Timeout of each Redis call. Default 50 ms.
 	Timeout time.Duration

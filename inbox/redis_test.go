@@ -323,3 +323,34 @@ func TestRedisLockReleasedWhenHandlerPanics(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.Executed, out.Disposition, "the retry runs: the lock was released")
 }
+
+// Two ledgers in different schemas sharing one Redis (and one RedisConfig),
+// with the default prefix: a key done in one is not answered from the
+// cache in the other.
+func TestRedisDefaultPrefixNamesTheSchema(t *testing.T) {
+	t.Parallel()
+	client, _ := testsvc.Redis(t)
+	ctx := context.Background()
+	rc := &inbox.RedisConfig{Client: client, Timeout: 2 * time.Second}
+	var ledgers []*inbox.Ledger
+	for range 2 {
+		pg := testsvc.Postgres(t)
+		l, err := inbox.New(pg.Pool, inbox.Config{Schema: pg.Schema, Redis: rc})
+		require.NoError(t, err)
+		ledgers = append(ledgers, l)
+	}
+	id := testsvc.Unique("shared")
+	for range 2 { // the second answer comes from the cache
+		_, err := ledgers[0].Do(ctx, req("orders", id), noop)
+		require.NoError(t, err)
+	}
+	ran := false
+	out, err := ledgers[1].Do(ctx, req("orders", id), func(context.Context, pgx.Tx) (inbox.Result, error) {
+		ran = true
+		return inbox.Result{}, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	require.True(t, ran, "the other ledger's key is new here")
+	require.False(t, out.Cached)
+}
