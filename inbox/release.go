@@ -74,7 +74,9 @@ func (e *CacheError) Is(target error) bool {
 // ends. A nil error is never returned in that case.
 //
 // Once the row is deleted, the caller's cancellation no longer stops the
-// invalidation; it is bounded by a few Redis timeouts.
+// invalidation; it is bounded by a few Redis timeouts. When Postgres
+// fails (the row may or may not have been deleted, if the answer was
+// lost), the cached result is deleted all the same; call Release again.
 func (l *Ledger) Release(ctx context.Context, k Key) (bool, error) {
 	if err := k.Validate(l.cfg.MaxKeyLen); err != nil {
 		return false, err
@@ -89,6 +91,12 @@ func (l *Ledger) Release(ctx context.Context, k Key) (bool, error) {
 	}
 	ok, err := l.store.release(ctx, l.pool, k)
 	if err != nil {
+		if l.fast != nil {
+			// The DELETE may have committed before its answer was lost:
+			// drop the cached result anyway (always safe: Postgres answers
+			// instead), so that a released row is not answered from it.
+			_ = l.invalidate(ctx, "release", k)
+		}
 		return false, storeErr("release", err)
 	}
 	if l.fast != nil {

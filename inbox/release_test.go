@@ -265,3 +265,43 @@ func TestRedisCancelledContext(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.Executed, out.Disposition)
 }
+
+// Release whose DELETE commits but whose answer is lost (the connection
+// cut after the server sent it): Release fails, yet the key's cached
+// result is gone with the row, so the next delivery runs the handler
+// instead of being answered from the old result.
+func TestReleaseAnswerLostStillDropsTheCache(t *testing.T) {
+	t.Parallel()
+	client, prefix := testsvc.Redis(t)
+	b := setup(t, inbox.Config{})
+	proxy := testsvc.Proxy(t, b.pg.Host())
+	pool := b.pg.PoolVia(t, proxy.Addr(), 2)
+	l, err := inbox.New(pool, inbox.Config{Redis: &inbox.RedisConfig{Client: client, Prefix: prefix, Timeout: 2 * time.Second}})
+	require.NoError(t, err)
+	ctx := context.Background()
+	r := req("orders", "released")
+	var ran atomic.Int64
+	for range 2 {
+		_, err := l.Do(ctx, r, pay("p1", &ran))
+		require.NoError(t, err)
+	}
+	out, err := l.Do(ctx, r, pay("p1", &ran))
+	require.NoError(t, err)
+	require.True(t, out.Cached, "the result is cached")
+
+	fired := proxy.CutWhenServerSends([]byte("DELETE 1\x00"))
+	_, err = l.Release(ctx, r.Key)
+	select {
+	case <-fired:
+	default:
+		t.Fatalf("the fault did not fire: the DELETE's answer was never seen (err %v)", err)
+	}
+	require.ErrorIs(t, err, inbox.ErrStore)
+	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'released'`), "the DELETE committed")
+
+	b.pg.Exec(t, `DELETE FROM payments`)
+	out, err = l.Do(ctx, r, pay("p1", &ran))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition, "not answered from the old cached result")
+	require.EqualValues(t, 2, ran.Load())
+}

@@ -403,8 +403,8 @@ func ledgerRelease(f *flags) runFunc {
 			out.Cache = cacheUnavailable
 			fail = fmt.Errorf("the Redis replay cache did not answer, nothing released: %w", redisErr)
 		case rerr != nil:
-			// Nothing was changed: the row is where it was, the cache
-			// untouched.
+			// Postgres failed: the row is where it was, or (its answer
+			// lost) deleted; the cached result was dropped either way.
 			return rerr
 		case !ok:
 			fail = notFoundErrorf("no row for key %s", keyText(k, false))
