@@ -23,6 +23,13 @@ import (
 // Counters.RedisFallbacks and logged once per episode). Dedupe is never
 // skipped.
 //
+// A cached entry goes a second before its row expires (a tenth of the TTL
+// when that is shorter; the row's expiry is on the database's clock, the
+// entry's TTL on this process's), and Redis
+// must keep what it acknowledged: a failover to a replica that had not yet
+// received Release's deletion, or a restart from a snapshot older than it,
+// brings the old entry back until its TTL ends.
+//
 // The cache only ever holds what Postgres answered, and it is written only
 // by a call that still holds the key's Redis lock, in the same Redis
 // operation that checks the lock. Ledger.Release and Ledger.RecordFailure
@@ -375,9 +382,17 @@ type cacheEntry struct {
 
 const cacheVersion = 1
 
+// cacheMargin is how long before its row expires a cached entry goes (a
+// tenth of the row's TTL when that is shorter).
+const cacheMargin = time.Second
+
 func (f *redisFront) encode(out Outcome) (string, time.Duration) {
 	rec := out.Record
-	ttl := time.Until(rec.ExpiresAt)
+	// ExpiresAt is on the database's clock, the TTL counted on this one:
+	// the entry goes a margin before the row expires, so that a clock up
+	// to that far behind the database's does not keep answering for an
+	// expired row.
+	ttl := time.Until(rec.ExpiresAt) - min(cacheMargin, rec.ExpiresAt.Sub(rec.CreatedAt)/10)
 	if ttl <= 0 || rec.Status == StatusProcessing {
 		return "", 0
 	}

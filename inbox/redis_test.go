@@ -354,3 +354,25 @@ func TestRedisDefaultPrefixNamesTheSchema(t *testing.T) {
 	require.True(t, ran, "the other ledger's key is new here")
 	require.False(t, out.Cached)
 }
+
+// A cached entry leaves Redis a second before its row expires (a tenth of
+// a TTL under ten seconds).
+func TestRedisEntryGoesBeforeItsRow(t *testing.T) {
+	t.Parallel()
+	client, prefix := testsvc.Redis(t)
+	b := redisLedger(t, inbox.RedisConfig{Client: client, Prefix: prefix})
+	ctx := context.Background()
+	r := req("orders", "short")
+	r.TTL = 30 * time.Second
+	for range 2 {
+		_, err := b.ledger.Do(ctx, r, noop)
+		require.NoError(t, err)
+	}
+	rec, err := b.ledger.Lookup(ctx, r.Key)
+	require.NoError(t, err)
+	res, _ := b.ledger.RedisKeys(r.Key)
+	left, err := client.PTTL(ctx, res).Result()
+	require.NoError(t, err)
+	require.Positive(t, left, "cached")
+	require.LessOrEqual(t, left, time.Until(rec.ExpiresAt)-time.Second+50*time.Millisecond)
+}
