@@ -61,7 +61,9 @@
 // deadlock) are retried without counting. When the handler had run in that
 // attempt, Message.Uncounted goes up by one, and past
 // Config.MaxUncounted each further such failure counts, so that a handler
-// that always breaks its own connection is dead-lettered in the end. When
+// that always breaks its own connection is dead-lettered in the end (but
+// when that last attempt's COMMIT went through with its answer lost, the
+// ledger says so and the message is acked as done). When
 // the handler never ran (the database could not be reached at all) the
 // retry never counts, however long the outage: an outage dead-letters
 // nothing.

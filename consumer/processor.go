@@ -504,6 +504,27 @@ func (p *Processor) outcome(m *Message, out inbox.Outcome, took time.Duration) {
 // deadLetter publishes m and records it failed, then acks. If publishing
 // fails the message is retried instead: it is never dropped.
 func (p *Processor) deadLetter(ctx context.Context, m *Message, cause error, keyed bool) Decision {
+	if keyed && errors.Is(cause, inbox.ErrCommitUnknown) {
+		// The last attempt's commit may have gone through: if it did, the
+		// message is done, not failed.
+		var rec *inbox.Record
+		err := p.untilDone(ctx, m, "checking a commit whose answer was lost", func() error {
+			r, err := p.cfg.Ledger.Lookup(ctx, p.request(m).Key)
+			if errors.Is(err, inbox.ErrNotFound) {
+				return nil
+			}
+			rec = r
+			return err
+		})
+		if err != nil {
+			return Decision{Action: Stop, Err: fmt.Errorf("look up: %w (cause: %w)", err, cause)}
+		}
+		if rec != nil && rec.Status == inbox.StatusDone {
+			out := inbox.Outcome{Disposition: inbox.Duplicate, Record: rec, Result: rec.Result}
+			p.outcome(m, out, 0)
+			return Decision{Action: Ack, Outcome: out, HandlerRan: true}
+		}
+	}
 	if p.cfg.DeadLetter != nil {
 		// The decision is made: only the publish is retried, in place and
 		// with a growing backoff, never the handler.

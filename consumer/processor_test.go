@@ -298,3 +298,50 @@ func TestLedgerFaultIsNotTheEventsFailure(t *testing.T) {
 	require.EqualValues(t, 1, f.runs.Load())
 	require.Equal(t, 1, pg.Count(t, `SELECT count(*) FROM effects`))
 }
+
+// The last counted attempt ends with a COMMIT whose answer was lost, and
+// the COMMIT had gone through: the message is acked as done, not
+// dead-lettered.
+func TestCommitUnknownOnTheLastAttemptIsLookedUp(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	proxy := testsvc.Proxy(t, f.pg.Host())
+	l, err := inbox.New(f.pg.PoolVia(t, proxy.Addr(), 2), inbox.Config{})
+	require.NoError(t, err)
+	f.ledger = l
+	cfg := f.cfg()
+	cfg.MaxAttempts = 1
+	cfg.MaxUncounted = 1
+	cfg.StoreBackoff = consumer.Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond}
+	var attempts atomic.Int64
+	var fired []<-chan struct{}
+	p, err := consumer.New(cfg, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if attempts.Add(1) == 1 {
+			// The handler's own write's answer is lost: nothing commits,
+			// and the retry does not count.
+			fired = append(fired, proxy.CutWhenServerSends([]byte("INSERT 0 1\x00")))
+		} else {
+			// The COMMIT's answer is lost: the retries that do not count
+			// are used up, so this attempt counts, and it was the last.
+			fired = append(fired, proxy.CutWhenServerSends([]byte("COMMIT\x00")))
+		}
+		return f.insert(ctx, tx, m)
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	d := p.ProcessWithRetry(ctx, msg("x"), nil)
+	require.EqualValues(t, 2, attempts.Load())
+	for i, ch := range fired {
+		select {
+		case <-ch:
+		default:
+			t.Fatalf("fault %d did not fire", i)
+		}
+	}
+	require.Equal(t, consumer.Ack, d.Action, "%v", d.Err)
+	require.False(t, d.DeadLettered)
+	require.Empty(t, f.dead)
+	require.Equal(t, inbox.Duplicate, d.Outcome.Disposition)
+	require.Equal(t, 1, f.pg.Count(t, `SELECT count(*) FROM effects`))
+}
