@@ -91,8 +91,12 @@
 // for longer (a long pause) is dropped and the group rebalances. Adjust
 // the timings with Config.Reader. kafka-go gives no revocation callback,
 // so a member may finish messages of a partition that has just moved, and
-// its commit may fail or land late: neither loses nor doubles anything
-// (the ledger answers Duplicate or InFlight for what the old owner ran),
-// but order within a partition is kept per member, not across a
-// rebalance.
+// its commit may fail or land late. A late commit can move the group's
+// offset for that partition back, below what the new owner committed: the
+// messages in between are delivered again, and the ledger answers
+// Duplicate (or InFlight) for them as long as their rows live (the TTL).
+// Nothing is lost; a replay of them after their rows expired would run
+// them again. Order within a partition is kept per member, not across a
+// rebalance. franzinbox, whose client reports revocations, stops and
+// commits a leaving partition before it moves.
 package kafkainbox
