@@ -1,6 +1,7 @@
 package outbox
 
 import (
+	"bytes"
 	"context"
 	"crypto/sha256"
 	"encoding/binary"
@@ -186,8 +187,10 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string,
 		lanes[i] = int32(Lane(m.Broker, m.Topic, m.Key, o.lanes))
 		brokers[i] = string(m.Broker)
 		topics[i] = m.Topic
-		keys[i] = m.Key
-		values[i] = m.Value
+		// Copies: inside Ledger.Do the INSERT is sent with the commit,
+		// after the caller may have reused its buffers.
+		keys[i] = bytes.Clone(m.Key)
+		values[i] = bytes.Clone(m.Value)
 		if len(m.Headers) > 0 || len(trace) > 0 {
 			hs := make([]header, 0, len(m.Headers)+len(trace))
 			for _, h := range m.Headers {

@@ -263,3 +263,34 @@ func TestAddInjectsTraceContext(t *testing.T) {
 	require.Contains(t, hs[1], base64.StdEncoding.EncodeToString([]byte("mine")))
 	require.NotContains(t, hs[1], want, "the message's own header wins")
 }
+
+// Inside Ledger.Do the messages' INSERT is sent with the commit: a handler
+// that reuses one buffer for each message's value still stores each value.
+func TestAddInDoCopiesTheCallersBuffers(t *testing.T) {
+	t.Parallel()
+	fx := newFixture(t, 8)
+	ledger, err := inbox.New(fx.pg.Pool, inbox.Config{})
+	require.NoError(t, err)
+	_, err = ledger.Do(context.Background(), inbox.Request{Key: inbox.Key{Scope: "orders", ID: "reuse"}},
+		func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+			buf := make([]byte, 0, 16)
+			for _, v := range []string{"created", "paid"} {
+				buf = append(buf[:0], v...)
+				if _, err := fx.ob.Add(ctx, tx, outbox.Message{Broker: outbox.Kafka, Topic: "t", Key: buf[:5], Value: buf}); err != nil {
+					return inbox.Result{}, err
+				}
+			}
+			return inbox.Result{}, nil
+		})
+	require.NoError(t, err)
+	var values []string
+	rows, err := fx.pg.Pool.Query(context.Background(), `SELECT key, value FROM outbox ORDER BY seq`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var k, v []byte
+		require.NoError(t, rows.Scan(&k, &v))
+		values = append(values, string(k)+"/"+string(v))
+	}
+	require.NoError(t, rows.Err())
+	require.Equal(t, []string{"creat/created", "paidt/paid"}, values) // the key is the buffer's first five bytes
+}
