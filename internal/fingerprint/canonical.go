@@ -5,6 +5,7 @@ import (
 	"net/url"
 	"slices"
 	"strings"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -15,7 +16,8 @@ const maxJSONDepth = 512
 
 // canonicalJSON returns the canonical form of a JSON document (RFC 8259):
 // object members sorted by key (bytewise on the decoded key, recursively;
-// members with the same key keep their order), no insignificant
+// members whose keys are the same, or the same but for case, keep their
+// order), no insignificant
 // whitespace, numbers exactly as written (1.0 and 1 differ, and 2^64+1
 // keeps every digit: nothing goes through float64), strings re-escaped one
 // way (only '"', '\' and control characters are escaped). ok is false for
@@ -117,6 +119,68 @@ type member struct {
 	start, end int // the canonical value in the scratch buffer
 }
 
+// keepFoldedOrder puts the members (sorted by key) whose keys are equal
+// under Unicode case folding but not equal back in the order the document
+// gave them, in the places the sort gave the group: a decoder that matches
+// keys case-insensitively (Go's encoding/json does) keeps the last, so
+// {"amount":2,"Amount":1} and {"Amount":1,"amount":2} mean different
+// things and must not share a canonical form. Members are numbered in
+// document order by their start in the scratch buffer. An object without
+// such keys keeps the plain sorted order.
+func keepFoldedOrder(members []member) {
+	if len(members) < 2 {
+		return
+	}
+	var groups map[string][]int // fold key -> positions in members
+	for i := 1; i < len(members); i++ {
+		for j := 0; j < i; j++ {
+			if members[i].key != members[j].key && strings.EqualFold(members[i].key, members[j].key) {
+				groups = map[string][]int{}
+				break
+			}
+		}
+		if groups != nil {
+			break
+		}
+	}
+	if groups == nil {
+		return
+	}
+	for i, m := range members {
+		k := foldKey(m.key)
+		groups[k] = append(groups[k], i)
+	}
+	for _, pos := range groups {
+		if len(pos) < 2 {
+			continue
+		}
+		group := make([]member, len(pos))
+		for i, at := range pos {
+			group[i] = members[at]
+		}
+		slices.SortStableFunc(group, func(a, b member) int { return a.start - b.start })
+		for i, at := range pos {
+			members[at] = group[i]
+		}
+	}
+}
+
+// foldKey maps s to one representative of its Unicode case-folding class:
+// each rune becomes the smallest rune of its simple folding orbit.
+func foldKey(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		min := r
+		for f := unicode.SimpleFold(r); f != r; f = unicode.SimpleFold(f) {
+			if f < min {
+				min = f
+			}
+		}
+		b.WriteRune(min)
+	}
+	return b.String()
+}
+
 func (p *jsonParser) object(dst []byte, depth int) ([]byte, bool) {
 	p.i++ // '{'
 	p.space()
@@ -160,6 +224,7 @@ func (p *jsonParser) object(dst []byte, depth int) ([]byte, bool) {
 		p.space()
 	}
 	slices.SortStableFunc(members, func(a, b member) int { return strings.Compare(a.key, b.key) })
+	keepFoldedOrder(members)
 	dst = append(dst, '{')
 	for i, m := range members {
 		if i > 0 {

@@ -21,7 +21,11 @@ func TestCanonicalJSON(t *testing.T) {
 		`{"n":1.0,"m":1e2,"l":-0}`:            `{"l":-0,"m":1e2,"n":1.0}`,
 		`"\u0041\u00e9\n\/"`:                  `"Aé\n/"`,
 		`"<&>"`:                               `"<&>"`,
-		`{"a":1,"a":2}`:                       `{"a":1,"a":2}`, // duplicates keep their order
+		`{"a":1,"a":2}`:                       `{"a":1,"a":2}`,           // duplicates keep their order
+		`{"amount":2,"Amount":1}`:             `{"amount":2,"Amount":1}`, // so do keys equal but for case
+		`{"Amount":1,"amount":2}`:             `{"Amount":1,"amount":2}`,
+		`{"b":1,"aB":2,"B":3,"Ab":4}`:         `{"aB":2,"b":1,"Ab":4,"B":3}`,
+		`{"B":1,"a":2}`:                       `{"B":1,"a":2}`,
 		`{"b":{"d":null,"c":true},"a":false}`: `{"a":false,"b":{"c":true,"d":null}}`,
 		`"\ud83d\ude00"`:                      `"😀"`, // a valid surrogate pair
 		`"\ufffd"`:                            "\"\uFFFD\"",
