@@ -2,12 +2,14 @@ package grpcbridge_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -20,6 +22,7 @@ import (
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/grpcbridge"
 	"github.com/justonce/justonce/httpbridge"
+	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/grpctest/testpb"
 	"github.com/justonce/justonce/kafkainbox"
 )
@@ -105,6 +108,21 @@ func TestOneLedgerAcrossFronts(t *testing.T) {
 	_, _, err = rpc("K3")
 	processedBy(err, string(kafkainbox.Source))
 	require.Equal(t, http.StatusOK, post("K3"), "HTTP answers its documented default for a consumer's key")
+
+	// Held by another front (a lease, in flight) and failed there: not
+	// answered as done.
+	held := inbox.Request{Key: inbox.Key{Scope: scope, ID: "K4"}, Source: "other", Fingerprint: []byte("other-kind")}
+	_, _, err = e.ledger.AcquireLease(ctx, held, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, http.StatusConflict, post("K4"), "HTTP: in flight elsewhere")
+	_, _, err = rpc("K4")
+	require.Equal(t, codes.Aborted, status.Code(err), "gRPC: in flight elsewhere: %v", err)
+	failed := inbox.Request{Key: inbox.Key{Scope: scope, ID: "K5"}, Source: "other", Fingerprint: []byte("other-kind")}
+	_, err = e.ledger.RecordFailure(ctx, failed, 3, errors.New("refused"))
+	require.NoError(t, err)
+	require.Equal(t, http.StatusUnprocessableEntity, post("K5"), "HTTP: failed elsewhere")
+	_, _, err = rpc("K5")
+	require.Equal(t, codes.FailedPrecondition, status.Code(err), "gRPC: failed elsewhere: %v", err)
 
 	require.Equal(t, 3, e.orders(t), "one effect per key")
 	require.EqualValues(t, 1, e.svc.runs.Load())

@@ -281,8 +281,13 @@ func (b *Bridge) answer(ctx context.Context, r inbox.Request, ck callKey, out in
 			"a call with this key is being processed; retry after the RetryInfo delay with the same key")
 	case inbox.Mismatch:
 		if rec != nil && rec.Source != Source {
-			// Another front ran the key; its fingerprint is of another kind.
-			return b.elsewhere(ctx, r, source)
+			// Another front holds or ran the key; its fingerprint is of
+			// another kind: answered as for that front's key, in flight,
+			// failed or done.
+			if rec.Status == inbox.StatusProcessing {
+				return b.answer(ctx, r, ck, inbox.Outcome{Disposition: inbox.InFlight, Record: rec})
+			}
+			return b.answer(ctx, r, ck, inbox.Outcome{Disposition: inbox.Duplicate, Record: rec, Result: rec.Result})
 		}
 		b.log.InfoContext(ctx, "justonce/grpcbridge: key reused with another request", "key", r.Key.String())
 		return nil, withDetails(codes.InvalidArgument,

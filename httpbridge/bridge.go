@@ -467,9 +467,13 @@ func (s *settings) answer(w http.ResponseWriter, req inbox.Request, out inbox.Ou
 			"Retry-After", s.retryAfter)
 	case inbox.Mismatch:
 		if rec := out.Record; rec != nil && rec.Source != "" && rec.Source != Source {
-			// Another front (gRPC, say) ran this key with a fingerprint of
-			// its own kind, which never equals an HTTP one: the operation
-			// is done, answered as a consumer's would be.
+			// Another front (gRPC, say) holds or ran this key with a
+			// fingerprint of its own kind, which never equals an HTTP one:
+			// answered as for a consumer's key, in flight, failed or done.
+			if rec.Status == inbox.StatusProcessing {
+				s.answer(w, req, inbox.Outcome{Disposition: inbox.InFlight, Record: rec})
+				return
+			}
 			s.replay(w, req, inbox.Outcome{Disposition: inbox.Duplicate, Record: rec})
 			return
 		}
