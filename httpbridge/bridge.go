@@ -383,6 +383,14 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool
 	if r.ContentLength > limit {
 		return tooLarge()
 	}
+	if r.PostForm != nil || r.MultipartForm != nil {
+		// A handler in front of the bridge parsed the form, using the
+		// body up: the fingerprint would cover an empty body, and requests
+		// with other forms would replay this one's response.
+		h.s.log.ErrorContext(r.Context(), "justonce/httpbridge: the request body was read before the bridge (a form parsed by a middleware in front of it); put the bridge first")
+		writeInternal(w)
+		return nil, false
+	}
 	if r.Body == nil || r.Body == http.NoBody {
 		return nil, true
 	}
@@ -397,6 +405,13 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool
 	}
 	if int64(len(b)) > limit {
 		return tooLarge()
+	}
+	if r.ContentLength > 0 && len(b) == 0 {
+		// Read before the bridge (see above) by something else.
+		h.s.log.ErrorContext(r.Context(), "justonce/httpbridge: the request body was read before the bridge; put the bridge first",
+			"content_length", r.ContentLength)
+		writeInternal(w)
+		return nil, false
 	}
 	return b, true
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net/http"
 	"net/http/httptest"
@@ -991,4 +992,28 @@ func TestKeyInContext(t *testing.T) {
 	}))
 	serve(u, http.MethodPost, "/u", `{}`, "Idempotency-Key", "550E8400-E29B-41D4-A716-446655440000")
 	require.Equal(t, "550e8400-e29b-41d4-a716-446655440000", *got.Load())
+}
+
+// A middleware in front of the bridge that parses the form uses the body
+// up: the bridge refuses the request (500) rather than fingerprint an
+// empty body, under which requests with other forms would replay this
+// one's response.
+func TestBodyReadBeforeTheBridgeIsRefused(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{})
+	route := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders"})(&app{})
+	parseFirst := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_ = r.ParseForm()
+		route.ServeHTTP(w, r)
+	})
+	readFirst := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		route.ServeHTTP(w, r)
+	})
+	for name, h := range map[string]http.Handler{"form parsed": parseFirst, "body read": readFirst} {
+		got := serve(h, http.MethodPost, "/orders", "amount=1", "Idempotency-Key", "k-"+strings.ReplaceAll(name, " ", "-"), "Content-Type", "application/x-www-form-urlencoded")
+		require.Equal(t, http.StatusInternalServerError, got.Code, name)
+		require.Equal(t, "application/problem+json", got.Header.Get("Content-Type"), name)
+	}
+	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM orders`), "nothing ran")
 }
