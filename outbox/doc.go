@@ -44,6 +44,10 @@
 // large, unknown topic, no stream for the subject) is marked failed and
 // the rest of its lane goes on: a later message of the same key then
 // overtakes it. Retry puts it back; Stats counts failed messages. A
-// broker failure for the time being stops the lane, keeping its order,
-// and tries it again with backoff.
+// broker failure for the time being stops the lane and tries it again
+// with backoff. Within one batch, though, the messages are in flight
+// together: when the broker acks a later message of a key and not an
+// earlier one (NATS during a leader election, or a Kafka batch sent in
+// several requests), the later one is published, and the earlier one
+// follows it on the retry.
 package outbox
