@@ -137,6 +137,8 @@ func TestReplayByteForByte(t *testing.T) {
 	require.Equal(t, h1.Get("x-order"), h2.Get("x-order"))
 	require.Equal(t, []string{"\x00\x01\xff"}, h2.Get("x-trace-bin"))
 	require.Equal(t, t1.Get("x-done"), t2.Get("x-done"))
+	require.Equal(t, []string{"session=s1"}, h1.Get("set-cookie"), "the first answer carries its credentials")
+	require.Empty(t, h2.Get("set-cookie"), "credentials are never stored nor replayed")
 	var o testpb.Order
 	require.NoError(t, proto.Unmarshal(again, &o))
 	require.Equal(t, []string{"b", "a"}, o.GetTags())
@@ -411,4 +413,24 @@ func TestConfigValidate(t *testing.T) {
 	_, err = grpcbridge.New(grpcbridge.Config{Ledger: l, Methods: map[string]grpcbridge.MethodConfig{
 		"/justonce.grpctest.v1.Orders/*": {Scope: "s"}, getOrder: {Off: true}}})
 	require.NoError(t, err)
+}
+
+// Config.DenyMetadata keys are neither stored nor replayed; the first
+// answer still carries them.
+func TestDenyMetadata(t *testing.T) {
+	e := setup(t, envOpts{cfg: grpcbridge.Config{
+		Methods:      map[string]grpcbridge.MethodConfig{createOrder: {Scope: "orders"}},
+		DenyMetadata: []string{"X-Order"},
+	}})
+	ctx := withKey(ctxT(t), "k-deny")
+	req := &testpb.CreateOrderRequest{Item: "book", Quantity: 1}
+	var h1, h2 metadata.MD
+	_, err := e.client.CreateOrder(ctx, req, grpc.Header(&h1))
+	require.NoError(t, err)
+	_, err = e.client.CreateOrder(ctx, req, grpc.Header(&h2))
+	require.NoError(t, err)
+	require.NotEmpty(t, h1.Get("x-order"))
+	require.Equal(t, []string{"true"}, h2.Get("idempotent-replayed"))
+	require.Empty(t, h2.Get("x-order"))
+	require.NotEmpty(t, h2.Get("x-trace-bin"), "other metadata is replayed")
 }

@@ -56,6 +56,11 @@ type Config struct {
 	// ReplayHeader is set to "true" in the header metadata of replayed
 	// answers. Default "idempotent-replayed".
 	ReplayHeader string
+	// DenyMetadata are header and trailer metadata keys never stored nor
+	// replayed, in addition to the credentials always denied:
+	// authorization, proxy-authorization, cookie, set-cookie. The first
+	// answer still carries them.
+	DenyMetadata []string
 
 	// Tenant returns the call's tenant, typically from the auth
 	// information an earlier interceptor put in ctx. Keys never match

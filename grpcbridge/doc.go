@@ -100,7 +100,8 @@
 // without map fields, whose order protobuf leaves free), or the stored
 // status with its message and details; the header and trailer metadata
 // the handler set come back too, with "idempotent-replayed: true" added to
-// the header.
+// the header, except credentials (authorization, proxy-authorization,
+// cookie, set-cookie) and Config.DenyMetadata, which are never stored.
 //
 // # First sent
 //

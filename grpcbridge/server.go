@@ -205,7 +205,7 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 			return inbox.Result{}, errNotStored
 		}
 		hdr, trl := bs.metadata()
-		res, err := encodeResult(resp, herr, hdr, trl, ck.firstSent)
+		res, err := encodeResult(resp, herr, b.stored(hdr), b.stored(trl), ck.firstSent)
 		if err != nil {
 			return inbox.Result{}, fmt.Errorf("%w: %w", errEncode, err)
 		}
@@ -320,6 +320,21 @@ func (b *Bridge) answer(ctx context.Context, r inbox.Request, ck callKey, out in
 	}
 	b.log.ErrorContext(ctx, "justonce/grpcbridge: unexpected ledger outcome", "key", r.Key.String(), "disposition", out.Disposition.String())
 	return nil, status.Error(codes.Internal, "unexpected ledger outcome")
+}
+
+// deniedMetadata are the metadata keys never stored nor replayed.
+var deniedMetadata = []string{"authorization", "proxy-authorization", "cookie", "set-cookie"}
+
+// stored is md without the keys that are never stored (deniedMetadata,
+// Config.DenyMetadata).
+func (b *Bridge) stored(md metadata.MD) metadata.MD {
+	for _, k := range deniedMetadata {
+		delete(md, k)
+	}
+	for _, k := range b.cfg.DenyMetadata {
+		delete(md, strings.ToLower(k))
+	}
+	return md
 }
 
 // elsewhere answers a key another front (a consumer, the HTTP bridge) ran:

@@ -83,7 +83,7 @@ func (o *orders) CreateOrder(ctx context.Context, req *testpb.CreateOrderRequest
 			WithDetails(&errdetails.ErrorInfo{Reason: "REFUSED", Domain: "test"})
 		return nil, st.Err()
 	}
-	_ = grpc.SetHeader(ctx, metadata.Pairs("x-order", fmt.Sprint(id), "x-trace-bin", "\x00\x01\xff"))
+	_ = grpc.SetHeader(ctx, metadata.Pairs("x-order", fmt.Sprint(id), "x-trace-bin", "\x00\x01\xff", "set-cookie", "session=s1"))
 	_ = grpc.SetTrailer(ctx, metadata.Pairs("x-done", "yes"))
 	if own != nil {
 		if err := own.Commit(ctx); err != nil {
