@@ -128,24 +128,11 @@ type member struct {
 // document order by their start in the scratch buffer. An object without
 // such keys keeps the plain sorted order.
 func keepFoldedOrder(members []member) {
-	if len(members) < 2 {
-		return
+	if len(members) < 2 || !slices.ContainsFunc(members, func(m member) bool { return mayFold(m.key) }) {
+		return // lower-case ASCII keys: none equal another but for case
 	}
-	var groups map[string][]int // fold key -> positions in members
-	for i := 1; i < len(members); i++ {
-		for j := 0; j < i; j++ {
-			if members[i].key != members[j].key && strings.EqualFold(members[i].key, members[j].key) {
-				groups = map[string][]int{}
-				break
-			}
-		}
-		if groups != nil {
-			break
-		}
-	}
-	if groups == nil {
-		return
-	}
+	// One pass (keys come from the request: no pairwise comparison).
+	groups := make(map[string][]int, len(members)) // fold key -> positions in members
 	for i, m := range members {
 		k := foldKey(m.key)
 		groups[k] = append(groups[k], i)
@@ -163,6 +150,17 @@ func keepFoldedOrder(members []member) {
 			members[at] = group[i]
 		}
 	}
+}
+
+// mayFold reports whether key has an upper-case ASCII letter or a
+// non-ASCII byte: only such a key can equal another but for case.
+func mayFold(key string) bool {
+	for i := 0; i < len(key); i++ {
+		if c := key[i]; c >= utf8.RuneSelf || 'A' <= c && c <= 'Z' {
+			return true
+		}
+	}
+	return false
 }
 
 // foldKey maps s to one representative of its Unicode case-folding class:
