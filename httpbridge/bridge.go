@@ -383,31 +383,26 @@ func (h *handler) readBody(w http.ResponseWriter, r *http.Request) ([]byte, bool
 	if r.ContentLength > limit {
 		return tooLarge()
 	}
-	if r.PostForm != nil || r.MultipartForm != nil {
-		// A handler in front of the bridge parsed the form, using the
-		// body up: the fingerprint would cover an empty body, and requests
-		// with other forms would replay this one's response.
-		h.s.log.ErrorContext(r.Context(), "justonce/httpbridge: the request body was read before the bridge (a form parsed by a middleware in front of it); put the bridge first")
-		writeInternal(w)
-		return nil, false
-	}
-	if r.Body == nil || r.Body == http.NoBody {
-		return nil, true
-	}
-	b, err := io.ReadAll(io.LimitReader(r.Body, limit+1))
-	if err != nil {
-		var mbe *http.MaxBytesError
-		if errors.As(err, &mbe) {
-			return tooLarge()
+	var b []byte
+	if r.Body != nil && r.Body != http.NoBody {
+		var err error
+		if b, err = io.ReadAll(io.LimitReader(r.Body, limit+1)); err != nil {
+			var mbe *http.MaxBytesError
+			if errors.As(err, &mbe) {
+				return tooLarge()
+			}
+			writeProblem(w, ProblemBodyUnreadable, http.StatusBadRequest, "the request body could not be read")
+			return nil, false
 		}
-		writeProblem(w, ProblemBodyUnreadable, http.StatusBadRequest, "the request body could not be read")
-		return nil, false
 	}
 	if int64(len(b)) > limit {
 		return tooLarge()
 	}
-	if r.ContentLength > 0 && len(b) == 0 {
-		// Read before the bridge (see above) by something else.
+	if r.PostForm != nil || r.MultipartForm != nil || r.ContentLength > 0 && len(b) == 0 {
+		// Something in front of the bridge (a middleware that parsed the
+		// form) used the body up: the fingerprint would cover an empty
+		// body, and requests with other bodies would replay this one's
+		// response.
 		h.s.log.ErrorContext(r.Context(), "justonce/httpbridge: the request body was read before the bridge; put the bridge first",
 			"content_length", r.ContentLength)
 		writeInternal(w)
