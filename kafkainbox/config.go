@@ -165,8 +165,13 @@ type Config struct {
 	// DefaultHeartbeatInterval and DefaultJoinGroupBackoff, and sets
 	// Brokers, Topic and GroupID from this Config and CommitInterval to 0
 	// after the call: offsets are committed by the Consumer only. The
-	// Dialer's TLS, SASL and dial function are also used for the requests
-	// that tell transaction markers from records.
+	// group fields (GroupID, timings, GroupBalancers, StartOffset,
+	// RetentionTime, partition watching, Dialer, loggers) configure the
+	// Consumer's kafka-go ConsumerGroup; the rest configures the reader of
+	// each assigned partition, whose QueueCapacity is the configured one
+	// shared among the partitions (at least 16 each). The Dialer's TLS,
+	// SASL and dial function are also used for the requests that tell
+	// transaction markers from records.
 	//
 	// The session timeout trades how fast a dead member's partitions
 	// move (and a killed process, restarted, consumes again) against how

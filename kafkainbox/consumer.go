@@ -2,7 +2,6 @@ package kafkainbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"sync"
@@ -125,6 +124,14 @@ func (c *Consumer) readerConfig() kafka.ReaderConfig {
 // and leaves the group. It returns nil after such a stop; an error only
 // when the reader cannot be configured. A second call returns
 // consumer.ErrRunOnce.
+//
+// A rebalance ends the group's generation, and with it every partition
+// this member holds: the Consumer stops the same way (in-flight attempts
+// get up to the lesser of ShutdownTimeout and half the rebalance timeout),
+// commits what is done under the ending generation, and only then rejoins.
+// A commit of that generation that comes later is refused by the group
+// coordinator, so an offset never moves back below what the partition's
+// next owner committed.
 func (c *Consumer) Run(ctx context.Context) error {
 	if !c.ran.CompareAndSwap(false, true) {
 		return consumer.ErrRunOnce
@@ -134,9 +141,86 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := rc.Validate(); err != nil {
 		return fmt.Errorf("justonce/kafkainbox: reader config: %w", err)
 	}
-	s := c.newSession(ctx, kafka.NewReader(rc), rc)
-	s.run(ctx)
+	group, err := kafka.NewConsumerGroup(groupConfig(rc))
+	if err != nil {
+		return fmt.Errorf("justonce/kafkainbox: group config: %w", err)
+	}
+	ctl := newControlChecker(rc.Brokers, rc.Dialer)
+	defer ctl.close()
+	failing := false
+	for ctx.Err() == nil {
+		gen, err := group.Next(ctx)
+		if err != nil {
+			if ctx.Err() == nil && !failing {
+				c.log.WarnContext(ctx, "justonce kafka: joining the group failed, retrying", "group", c.cfg.GroupID, "err", err)
+				failing = true
+			}
+			continue // kafka-go waits JoinGroupBackoff before it tries again
+		}
+		failing = false
+		c.runGeneration(ctx, gen, rc, ctl)
+	}
+	// Leaves the group; the last generation's session has committed.
+	if err := group.Close(); err != nil {
+		c.log.WarnContext(ctx, "justonce kafka: leaving the group", "group", c.cfg.GroupID, "err", err)
+	}
 	return nil
+}
+
+// runGeneration consumes the partitions gen assigns until the generation
+// or ctx ends, and returns once the session has stopped and committed.
+// The session runs in a function the generation waits for, so the member
+// rejoins only after it. When ctx ended, that function waits for Run to
+// close the group, which ends the generation, so that the member leaves
+// rather than joining another generation first.
+func (c *Consumer) runGeneration(ctx context.Context, gen *kafka.Generation, rc kafka.ReaderConfig, ctl *controlChecker) {
+	stopped := make(chan struct{})
+	gen.Start(func(gctx context.Context) {
+		c.newSession(ctx, gen, rc, ctl).run(ctx, gctx)
+		close(stopped)
+		if ctx.Err() != nil {
+			<-gctx.Done()
+		}
+	})
+	<-stopped
+}
+
+// groupConfig is the consumer group's configuration, from the reader's.
+func groupConfig(rc kafka.ReaderConfig) kafka.ConsumerGroupConfig {
+	return kafka.ConsumerGroupConfig{
+		ID:                     rc.GroupID,
+		Brokers:                rc.Brokers,
+		Dialer:                 rc.Dialer,
+		Topics:                 []string{rc.Topic},
+		GroupBalancers:         rc.GroupBalancers,
+		HeartbeatInterval:      rc.HeartbeatInterval,
+		PartitionWatchInterval: rc.PartitionWatchInterval,
+		WatchPartitionChanges:  rc.WatchPartitionChanges,
+		SessionTimeout:         rc.SessionTimeout,
+		RebalanceTimeout:       rc.RebalanceTimeout,
+		JoinGroupBackoff:       rc.JoinGroupBackoff,
+		RetentionTime:          rc.RetentionTime,
+		StartOffset:            rc.StartOffset,
+		Logger:                 rc.Logger,
+		ErrorLogger:            rc.ErrorLogger,
+	}
+}
+
+// partitionReader returns a reader of one assigned partition, from the
+// group's reader configuration, starting at the assignment's offset (a
+// committed one, or FirstOffset or LastOffset by StartOffset). Its queue
+// is the group's share for one of n partitions.
+func partitionReader(rc kafka.ReaderConfig, a kafka.PartitionAssignment, n int) (*kafka.Reader, error) {
+	pc := rc
+	pc.GroupID = ""
+	pc.Partition = a.ID
+	pc.QueueCapacity = max(16, rc.QueueCapacity/max(1, n))
+	r := kafka.NewReader(pc)
+	if err := r.SetOffset(a.Offset); err != nil {
+		_ = r.Close()
+		return nil, err
+	}
+	return r, nil
 }
 
 func (c *Consumer) closeWriter() {
@@ -154,8 +238,8 @@ func (c *Consumer) closeOwned(w *kafka.Writer) {
 	}
 }
 
-// session is one Run: the reader, the lanes of messages waiting to run,
-// and the commit watermark.
+// session is one generation of the group: its partitions' readers, the
+// lanes of messages waiting to run, and the commit watermark.
 //
 // Each lane holds the messages that must run one after the other (one
 // partition, or one key bucket of a partition with ByKey) and is drained
@@ -167,7 +251,8 @@ func (c *Consumer) closeOwned(w *kafka.Writer) {
 // lanes.
 type session struct {
 	c        *Consumer
-	reader   *kafka.Reader
+	gen      *kafka.Generation
+	rc       kafka.ReaderConfig
 	ctl      *controlChecker
 	tr       *offsets.Tracker[topicPartition]
 	stopping context.Context    // ends when Run's context ends: no new attempts
@@ -205,15 +290,16 @@ type lane struct {
 	more    chan struct{} // signalled when a message is added (batch linger)
 }
 
-func (c *Consumer) newSession(ctx context.Context, r *kafka.Reader, rc kafka.ReaderConfig) *session {
+func (c *Consumer) newSession(ctx context.Context, gen *kafka.Generation, rc kafka.ReaderConfig, ctl *controlChecker) *session {
 	// Handlers run on a context that keeps ctx's values but not its
 	// cancellation, so that in-flight work finishes at shutdown.
 	procCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
 	stopping, stop := context.WithCancel(context.WithoutCancel(ctx))
 	return &session{
 		c:        c,
-		reader:   r,
-		ctl:      newControlChecker(rc.Brokers, rc.Dialer),
+		gen:      gen,
+		rc:       rc,
+		ctl:      ctl,
 		tr:       offsets.NewTracker[topicPartition](),
 		stopping: stopping,
 		stop:     stop,
@@ -225,9 +311,8 @@ func (c *Consumer) newSession(ctx context.Context, r *kafka.Reader, rc kafka.Rea
 	}
 }
 
-func (s *session) run(ctx context.Context) {
+func (s *session) run(ctx, gctx context.Context) {
 	defer s.cancel()
-	defer s.ctl.close()
 	cfg := s.c.cfg
 	commitCtx, stopCommits := context.WithCancel(s.procCtx)
 	committerDone := make(chan struct{})
@@ -236,38 +321,60 @@ func (s *session) run(ctx context.Context) {
 		s.commitLoop(commitCtx)
 	}()
 
-	s.fetch(ctx)
-
-	// Shutdown: no new attempts; wait for in-flight ones. The fetch loop
-	// has returned, so no lane starts after this.
+	// Fetch until Run's context or the generation ends.
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	defer stopFetch()
+	defer context.AfterFunc(gctx, stopFetch)()
+	assigned := s.gen.Assignments[cfg.Topic]
+	var fetchers sync.WaitGroup
+	for _, a := range assigned {
+		r, err := partitionReader(s.rc, a, len(assigned))
+		if err != nil {
+			s.c.log.WarnContext(ctx, "justonce kafka: cannot read an assigned partition in this generation", "topic", cfg.Topic, "partition", a.ID, "err", err)
+			continue
+		}
+		fetchers.Add(1)
+		go func() {
+			defer fetchers.Done()
+			s.fetch(fetchCtx, r)
+			if err := r.Close(); err != nil {
+				s.c.log.WarnContext(ctx, "justonce kafka: closing a partition's reader", "topic", cfg.Topic, "partition", a.ID, "err", err)
+			}
+		}()
+	}
+	<-fetchCtx.Done()
+	// Stop: no new attempts (a lane started by a fetch loop still
+	// returning ends at once); wait for the fetch loops, then for the
+	// attempts in flight. At a rebalance the wait is at most half the
+	// rebalance timeout, so that this member's commit and rejoin fit in
+	// the time the coordinator waits for it.
 	s.stop()
+	fetchers.Wait()
+	grace, why := cfg.ShutdownTimeout, "shutdown"
+	if ctx.Err() == nil {
+		grace, why = min(grace, s.rc.RebalanceTimeout/2), "rebalance"
+	}
 	lanesDone := make(chan struct{})
 	go func() {
 		s.lanesWG.Wait()
 		close(lanesDone)
 	}()
-	grace := time.NewTimer(cfg.ShutdownTimeout)
+	timer := time.NewTimer(grace)
 	select {
 	case <-lanesDone:
-		grace.Stop()
-	case <-grace.C:
-		s.c.log.WarnContext(ctx, "justonce kafka: in-flight handlers still running after the shutdown timeout; cancelling them", "timeout", cfg.ShutdownTimeout)
+		timer.Stop()
+	case <-timer.C:
+		s.c.log.WarnContext(ctx, "justonce kafka: in-flight handlers still running at "+why+"; cancelling them", "timeout", grace)
 		s.cancel()
 		<-lanesDone
 	}
 	stopCommits()
 	<-committerDone
-
-	final, cancel := context.WithTimeout(context.WithoutCancel(ctx), cfg.ShutdownTimeout)
-	s.commit(final)
-	cancel()
-	if err := s.reader.Close(); err != nil {
-		s.c.log.WarnContext(ctx, "justonce kafka: closing the reader", "err", err)
-	}
+	s.commit(context.WithoutCancel(ctx))
 }
 
-// fetch hands fetched messages to their lanes until ctx is done.
-func (s *session) fetch(ctx context.Context) {
+// fetch hands the messages r fetches to their lanes until ctx is done.
+func (s *session) fetch(ctx context.Context, r *kafka.Reader) {
 	failing := false
 	for {
 		// Room for one more message first: a full buffer holds the fetch,
@@ -277,14 +384,14 @@ func (s *session) fetch(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		}
-		km, err := s.reader.FetchMessage(ctx)
+		km, err := r.FetchMessage(ctx)
 		if err != nil {
 			<-s.buffered
 			if ctx.Err() != nil {
 				return
 			}
 			if !failing {
-				s.c.log.WarnContext(ctx, "justonce kafka: fetch failed, retrying", "topic", s.c.cfg.Topic, "err", err)
+				s.c.log.WarnContext(ctx, "justonce kafka: fetch failed, retrying", "topic", s.c.cfg.Topic, "partition", r.Config().Partition, "err", err)
 				failing = true
 			}
 			if consumer.Sleep(ctx, 500*time.Millisecond) != nil {
@@ -565,24 +672,24 @@ func (s *session) commitLoop(ctx context.Context) {
 }
 
 // commit commits, for each partition, the offset below which everything
-// is done. A failed commit (a partition revoked by a rebalance, a broker
-// away) is logged and tried again next time: the offsets stay where they
+// is done, under the session's generation. A failed commit (a broker away,
+// or the generation over: the coordinator refuses it) is logged and, while
+// the generation lasts, tried again next time: the offsets stay where they
 // were, so messages may come again, and the ledger skips them.
 func (s *session) commit(ctx context.Context) {
 	offs := s.tr.Committable(nil)
 	if len(offs) == 0 {
 		return
 	}
-	msgs := make([]kafka.Message, 0, len(offs))
+	byTopic := map[string]map[int]int64{}
 	for tp, next := range offs {
-		// kafka-go commits a message's offset + 1.
-		msgs = append(msgs, kafka.Message{Topic: tp.topic, Partition: tp.partition, Offset: next - 1})
-	}
-	if err := s.reader.CommitMessages(ctx, msgs...); err != nil {
-		if errors.Is(ctx.Err(), context.Canceled) && errors.Is(err, context.Canceled) {
-			return // interrupted by shutdown; the final commit follows
+		if byTopic[tp.topic] == nil {
+			byTopic[tp.topic] = map[int]int64{}
 		}
-		s.c.log.WarnContext(ctx, "justonce kafka: offset commit failed; will retry (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "err", err)
+		byTopic[tp.topic][tp.partition] = next
+	}
+	if err := s.gen.CommitOffsets(byTopic); err != nil {
+		s.c.log.WarnContext(ctx, "justonce kafka: offset commit failed; will retry while the generation lasts (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "generation", s.gen.ID, "err", err)
 		return
 	}
 	s.tr.Committed(offs)

@@ -89,14 +89,19 @@
 // a 1 s join backoff, so a killed member's partitions, and a restarted
 // process, consume again about 10 s after the kill; a live member silent
 // for longer (a long pause) is dropped and the group rebalances. Adjust
-// the timings with Config.Reader. kafka-go gives no revocation callback,
-// so a member may finish messages of a partition that has just moved, and
-// its commit may fail or land late. A late commit can move the group's
-// offset for that partition back, below what the new owner committed: the
-// messages in between are delivered again, and the ledger answers
-// Duplicate (or InFlight) for them as long as their rows live (the TTL).
-// Nothing is lost; a replay of them after their rows expired would run
-// them again. Order within a partition is kept per member, not across a
-// rebalance. franzinbox, whose client reports revocations, stops and
-// commits a leaving partition before it moves.
+// the timings with Config.Reader.
+//
+// The Consumer joins the group through kafka-go's generation API and reads
+// each assigned partition with a reader of its own. A rebalance ends the
+// generation, and with it every partition the member holds (kafka-go
+// rebalances eagerly): the member stops fetching, waits for its attempts
+// in flight (up to the lesser of ShutdownTimeout and half the rebalance
+// timeout, then cancels them: rolled back, they come again), commits what
+// is done under the ending generation, and only then rejoins. So a
+// partition's next owner starts after what this member finished, and a
+// commit of an ended generation is refused by the coordinator: a member
+// never moves an offset back below what the next owner committed. Fetched
+// messages not yet started are read again, by whichever member gets their
+// partition, and the order the Consumer keeps (Ordering) holds across the
+// rebalance.
 package kafkainbox
