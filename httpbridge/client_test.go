@@ -30,3 +30,27 @@ func TestTransportAgainstBridge(t *testing.T) {
 	require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
 	require.EqualValues(t, 1, a.runs.Load())
 }
+
+// TestTransportAgainstBridgeWithAltHeader: a client that names its key
+// X-Idempotency-Key keeps it through the retrying transport, and the
+// bridge dedupes on it.
+func TestTransportAgainstBridgeWithAltHeader(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{cfg: httpbridge.Config{RetryAfter: time.Millisecond}})
+	a := &app{}
+	srv := httptest.NewServer(b.bridge.Route(httpbridge.RouteConfig{Scope: "orders", Required: true})(a))
+	defer srv.Close()
+	c := &http.Client{Transport: &httpretry.Transport{Base: srv.Client().Transport, Backoff: httpretry.Backoff{Initial: 5 * time.Millisecond}}}
+	for range 2 {
+		req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"x":1}`))
+		require.NoError(t, err)
+		req.Header.Set("Content-Type", "application/json")
+		req.Header.Set("X-Idempotency-Key", "alt-1")
+		resp, err := c.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		require.Equal(t, http.StatusCreated, resp.StatusCode, "%s", body)
+	}
+	require.EqualValues(t, 1, a.runs.Load(), "the second request is a replay")
+}

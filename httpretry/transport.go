@@ -29,7 +29,8 @@ import (
 //	client := &http.Client{Transport: &httpretry.Transport{}}
 //
 // Requests with other methods pass through once, untouched, unless they
-// already carry the key header, in which case they are retried too.
+// already carry the key header (or one of AltHeaders), in which case they
+// are retried too.
 //
 // A retry resends the body through Request.GetBody (set by http.NewRequest
 // for bytes, strings and their readers); a request with a body and no
@@ -40,6 +41,13 @@ type Transport struct {
 	Base http.RoundTripper
 	// Header names the key header. Default "Idempotency-Key".
 	Header string
+	// AltHeaders are other names of the key header that a request may
+	// already carry. Nil means {"X-Idempotency-Key"}, the names
+	// httpbridge accepts by default; an empty non-nil slice means Header
+	// only. A request carrying one of them keeps it, gets no key of its
+	// own (the bridge refuses a request whose two key headers differ) and
+	// is retried like one carrying Header.
+	AltHeaders []string
 	// Methods given a key when they have none. Default POST and PATCH.
 	Methods []string
 	// MaxAttempts, the first included. Default 4 (retries after about
@@ -78,7 +86,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 	if len(methods) == 0 {
 		methods = []string{http.MethodPost, http.MethodPatch}
 	}
+	alts := t.AltHeaders
+	if alts == nil {
+		alts = []string{"X-Idempotency-Key"}
+	}
 	hasKey := req.Header.Get(name) != ""
+	for _, alt := range alts {
+		hasKey = hasKey || req.Header.Get(alt) != ""
+	}
 	if !hasKey && !slices.Contains(methods, req.Method) {
 		return base.RoundTrip(req)
 	}

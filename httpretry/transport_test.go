@@ -185,3 +185,45 @@ func TestTransportHonoursRetryAfterAndContext(t *testing.T) {
 	require.True(t, errors.Is(err, context.DeadlineExceeded), "%v", err)
 	require.Less(t, time.Since(start), 10*time.Second, "the wait ends with the context")
 }
+
+// A request that carries its key under another accepted name keeps it and
+// gets no second key: the bridge refuses two key headers that differ.
+func TestTransportKeepsAnAltHeadersKey(t *testing.T) {
+	t.Parallel()
+	var got []http.Header
+	var mu sync.Mutex
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		got = append(got, r.Header.Clone())
+		n := len(got)
+		mu.Unlock()
+		if n == 1 {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+	}))
+	defer srv.Close()
+	c := &http.Client{Transport: fastTransport(srv.Client().Transport)}
+	req, _ := http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("v"))
+	req.Header.Set("X-Idempotency-Key", "mine")
+	resp, err := c.Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.Equal(t, http.StatusCreated, resp.StatusCode)
+	require.Len(t, got, 2, "retried with the caller's key")
+	for _, h := range got {
+		require.Equal(t, "mine", h.Get("X-Idempotency-Key"))
+		require.Empty(t, h.Get("Idempotency-Key"), "no key of the transport's own")
+	}
+
+	// With AltHeaders empty, only Header counts: the request gets a key.
+	tr := fastTransport(srv.Client().Transport)
+	tr.AltHeaders = []string{}
+	req, _ = http.NewRequest(http.MethodPost, srv.URL, strings.NewReader("v"))
+	req.Header.Set("X-Idempotency-Key", "mine")
+	resp, err = (&http.Client{Transport: tr}).Do(req)
+	require.NoError(t, err)
+	resp.Body.Close()
+	require.NotEmpty(t, got[len(got)-1].Get("Idempotency-Key"))
+}
