@@ -221,6 +221,10 @@ func (f *redisFront) do(ctx context.Context, l *Ledger, req Request, pg func() (
 	state, cached := f.acquire(ctx, req.Key, token)
 	switch state {
 	case redisCancelled:
+		// Redis may have taken the lock before the caller gave up: drop
+		// it (only if it is ours), or a retry would be turned away as in
+		// flight until it lapses.
+		f.finish(ctx, req.Key, token, "", 0)
 		return Outcome{}, fmt.Errorf("justonce/inbox: %w", ctx.Err())
 	case redisHit:
 		if out, ok := decodeCached(req, cached); ok {

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/inbox"
@@ -375,4 +376,47 @@ func TestRedisEntryGoesBeforeItsRow(t *testing.T) {
 	require.NoError(t, err)
 	require.Positive(t, left, "cached")
 	require.LessOrEqual(t, left, time.Until(rec.ExpiresAt)-time.Second+50*time.Millisecond)
+}
+
+// cancelAfter is a go-redis hook that, once armed, cancels a context right
+// after the next command's answer has arrived: the caller gave up just as
+// Redis had done what it asked.
+type cancelAfter struct {
+	armed  atomic.Bool
+	cancel context.CancelFunc
+}
+
+func (h *cancelAfter) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *cancelAfter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *cancelAfter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if h.armed.CompareAndSwap(true, false) {
+			h.cancel()
+		}
+		return err
+	}
+}
+
+// A Do whose caller gives up right after Redis took the key's lock, before
+// the answer reached it, releases the lock: a retry runs at once instead
+// of being turned away as in flight until the lock lapses.
+func TestRedisLockReleasedWhenCallerGivesUpDuringAcquire(t *testing.T) {
+	t.Parallel()
+	c, prefix := testsvc.Redis(t)
+	b := redisLedger(t, inbox.RedisConfig{Client: c, Prefix: prefix, LockTTL: time.Minute})
+	ctx, cancel := context.WithCancel(context.Background())
+	h := &cancelAfter{cancel: cancel}
+	c.AddHook(h)
+	h.armed.Store(true)
+	r := req("orders", "given-up")
+	_, err := b.ledger.Do(ctx, r, pay("p", nil))
+	require.ErrorIs(t, err, context.Canceled)
+	require.False(t, h.armed.Load(), "the caller gave up after a Redis command")
+
+	out, err := b.ledger.Do(context.Background(), r, pay("p", nil))
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition, "the retry runs: the lock was released")
 }
