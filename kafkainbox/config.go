@@ -120,9 +120,10 @@ type Config struct {
 	// MaxBuffered is how many fetched messages may wait to run, across
 	// partitions. Messages behind a message waiting to be retried wait
 	// here while the other partitions go on; when MaxBuffered are
-	// waiting, fetching (of every partition, since kafka-go reads them
-	// together) pauses until the retried message is done, acked or
-	// dead-lettered. Default 1000.
+	// waiting, fetching (of every partition, since they share this
+	// buffer) pauses until the retried message is done, acked or
+	// dead-lettered. Each partition's reader may hold one more message
+	// while it waits for room. Default 1000.
 	MaxBuffered int
 
 	// BatchSize is how many messages of one partition (one lane) may run
@@ -153,9 +154,11 @@ type Config struct {
 	// it. Default 1 s.
 	CommitInterval time.Duration
 	// ShutdownTimeout bounds how long Run waits, once its context is done,
-	// for in-flight handlers and for the final offset commit. After it,
-	// in-flight transactions are cancelled (rolled back; the messages come
-	// again). Default 30 s.
+	// for in-flight handlers. After it, in-flight transactions are
+	// cancelled (rolled back; the messages come again), and the final
+	// offset commit follows (bounded by kafka-go's group Timeout, 5 s). At
+	// a rebalance the wait is the least of ShutdownTimeout and half the
+	// rebalance and session timeouts. Default 30 s.
 	ShutdownTimeout time.Duration
 
 	// Reader adjusts the kafka-go reader configuration before use (Dialer

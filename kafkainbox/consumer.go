@@ -99,6 +99,10 @@ func (c *Consumer) readerConfig() kafka.ReaderConfig {
 		HeartbeatInterval: DefaultHeartbeatInterval,
 		JoinGroupBackoff:  DefaultJoinGroupBackoff,
 		QueueCapacity:     max(100, 2*c.cfg.BatchSize),
+		// A partition reader (not a group reader) would otherwise open a
+		// connection to the partition's leader every minute to read its
+		// lag, which nothing here uses.
+		ReadLagInterval: -1,
 		ErrorLogger: kafka.LoggerFunc(func(format string, args ...any) {
 			if c.log.Enabled(context.Background(), slog.LevelWarn) {
 				c.log.Warn("justonce kafka: kafka-go: " + fmt.Sprintf(format, args...))
@@ -127,8 +131,9 @@ func (c *Consumer) readerConfig() kafka.ReaderConfig {
 //
 // A rebalance ends the group's generation, and with it every partition
 // this member holds: the Consumer stops the same way (in-flight attempts
-// get up to the lesser of ShutdownTimeout and half the rebalance timeout),
-// commits what is done under the ending generation, and only then rejoins.
+// get up to the least of ShutdownTimeout and half the rebalance and
+// session timeouts), commits what is done under the ending generation,
+// and only then rejoins.
 // A commit of that generation that comes later is refused by the group
 // coordinator, so an offset never moves back below what the partition's
 // next owner committed.
@@ -141,10 +146,18 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := rc.Validate(); err != nil {
 		return fmt.Errorf("justonce/kafkainbox: reader config: %w", err)
 	}
-	group, err := kafka.NewConsumerGroup(groupConfig(rc))
+	gc := groupConfig(rc)
+	if err := gc.Validate(); err != nil { // also fills in kafka-go's defaults
+		return fmt.Errorf("justonce/kafkainbox: group config: %w", err)
+	}
+	group, err := kafka.NewConsumerGroup(gc)
 	if err != nil {
 		return fmt.Errorf("justonce/kafkainbox: group config: %w", err)
 	}
+	// At a rebalance the member sends no heartbeats until it rejoins, and
+	// the coordinator waits for it at most the rebalance timeout and drops
+	// it after the session timeout: in-flight attempts get half the lesser.
+	rebalanceGrace := min(c.cfg.ShutdownTimeout, gc.RebalanceTimeout/2, gc.SessionTimeout/2)
 	ctl := newControlChecker(rc.Brokers, rc.Dialer)
 	defer ctl.close()
 	failing := false
@@ -158,7 +171,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 			continue // kafka-go waits JoinGroupBackoff before it tries again
 		}
 		failing = false
-		c.runGeneration(ctx, gen, rc, ctl)
+		c.runGeneration(ctx, gen, rc, ctl, rebalanceGrace)
 	}
 	// Leaves the group; the last generation's session has committed.
 	if err := group.Close(); err != nil {
@@ -172,11 +185,13 @@ func (c *Consumer) Run(ctx context.Context) error {
 // The session runs in a function the generation waits for, so the member
 // rejoins only after it. When ctx ended, that function waits for Run to
 // close the group, which ends the generation, so that the member leaves
-// rather than joining another generation first.
-func (c *Consumer) runGeneration(ctx context.Context, gen *kafka.Generation, rc kafka.ReaderConfig, ctl *controlChecker) {
+// rather than joining another generation first (unless a rebalance ended
+// the generation meanwhile: then kafka-go rejoins before Run's Close
+// leaves).
+func (c *Consumer) runGeneration(ctx context.Context, gen *kafka.Generation, rc kafka.ReaderConfig, ctl *controlChecker, rebalanceGrace time.Duration) {
 	stopped := make(chan struct{})
 	gen.Start(func(gctx context.Context) {
-		c.newSession(ctx, gen, rc, ctl).run(ctx, gctx)
+		c.newSession(ctx, gen, rc, ctl).run(ctx, gctx, rebalanceGrace)
 		close(stopped)
 		if ctx.Err() != nil {
 			<-gctx.Done()
@@ -311,7 +326,7 @@ func (c *Consumer) newSession(ctx context.Context, gen *kafka.Generation, rc kaf
 	}
 }
 
-func (s *session) run(ctx, gctx context.Context) {
+func (s *session) run(ctx, gctx context.Context, rebalanceGrace time.Duration) {
 	defer s.cancel()
 	cfg := s.c.cfg
 	commitCtx, stopCommits := context.WithCancel(s.procCtx)
@@ -345,14 +360,15 @@ func (s *session) run(ctx, gctx context.Context) {
 	<-fetchCtx.Done()
 	// Stop: no new attempts (a lane started by a fetch loop still
 	// returning ends at once); wait for the fetch loops, then for the
-	// attempts in flight. At a rebalance the wait is at most half the
-	// rebalance timeout, so that this member's commit and rejoin fit in
-	// the time the coordinator waits for it.
+	// attempts in flight: at shutdown up to ShutdownTimeout, at a
+	// rebalance up to rebalanceGrace, so that this member's commit and
+	// rejoin fit in the time the coordinator waits for it.
 	s.stop()
 	fetchers.Wait()
+	rebalance := ctx.Err() == nil
 	grace, why := cfg.ShutdownTimeout, "shutdown"
-	if ctx.Err() == nil {
-		grace, why = min(grace, s.rc.RebalanceTimeout/2), "rebalance"
+	if rebalance {
+		grace, why = rebalanceGrace, "rebalance"
 	}
 	lanesDone := make(chan struct{})
 	go func() {
@@ -366,7 +382,23 @@ func (s *session) run(ctx, gctx context.Context) {
 	case <-timer.C:
 		s.c.log.WarnContext(ctx, "justonce kafka: in-flight handlers still running at "+why+"; cancelling them", "timeout", grace)
 		s.cancel()
-		<-lanesDone
+		if !rebalance {
+			<-lanesDone
+			break
+		}
+		// A handler that ignores its cancellation would hold the
+		// generation, and so the whole group's rebalance. Leave it
+		// running: its transaction was cancelled and cannot commit, its
+		// offset is not committed here, and the ledger answers its
+		// redelivery.
+		select {
+		case <-lanesDone:
+		case <-time.After(time.Second):
+			s.c.log.ErrorContext(ctx, "justonce kafka: in-flight handlers ignore their cancellation; leaving them behind at the rebalance")
+			stopCommits()
+			<-committerDone
+			return
+		}
 	}
 	stopCommits()
 	<-committerDone
@@ -377,16 +409,20 @@ func (s *session) run(ctx, gctx context.Context) {
 func (s *session) fetch(ctx context.Context, r *kafka.Reader) {
 	failing := false
 	for {
-		// Room for one more message first: a full buffer holds the fetch,
-		// never a message already taken from kafka-go.
-		select {
-		case s.buffered <- struct{}{}:
-		case <-ctx.Done():
-			return
-		}
 		km, err := r.FetchMessage(ctx)
+		if err == nil {
+			// Room for the message in the buffer shared by the
+			// partitions (taken after the fetch: a quiet partition must
+			// not hold a place while it waits for a message). A message
+			// left here at the stop is not tracked: its offset and the
+			// later ones stay uncommitted.
+			select {
+			case s.buffered <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+		}
 		if err != nil {
-			<-s.buffered
 			if ctx.Err() != nil {
 				return
 			}

@@ -95,13 +95,15 @@
 // each assigned partition with a reader of its own. A rebalance ends the
 // generation, and with it every partition the member holds (kafka-go
 // rebalances eagerly): the member stops fetching, waits for its attempts
-// in flight (up to the lesser of ShutdownTimeout and half the rebalance
-// timeout, then cancels them: rolled back, they come again), commits what
-// is done under the ending generation, and only then rejoins. So a
-// partition's next owner starts after what this member finished, and a
-// commit of an ended generation is refused by the coordinator: a member
-// never moves an offset back below what the next owner committed. Fetched
-// messages not yet started are read again, by whichever member gets their
-// partition, and the order the Consumer keeps (Ordering) holds across the
-// rebalance.
+// in flight (up to the least of ShutdownTimeout and half the rebalance and
+// session timeouts, then cancels them: rolled back, they come again),
+// commits what is done under the ending generation, and only then
+// rejoins. So a partition's next owner starts after what this member
+// finished, and a commit of an ended generation is refused by the
+// coordinator: a member never moves an offset back below what the next
+// owner committed. Fetched messages not yet started are read again, by
+// whichever member gets their partition, and the order the Consumer keeps
+// (Ordering) holds across the rebalance, unless a handler ignores its
+// cancellation: the member then leaves it running (its transaction cannot
+// commit) and rejoins a second later.
 package kafkainbox
