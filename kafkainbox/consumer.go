@@ -388,16 +388,13 @@ func (s *session) run(ctx, gctx context.Context, rebalanceGrace time.Duration) {
 		}
 		// A handler that ignores its cancellation would hold the
 		// generation, and so the whole group's rebalance. Leave it
-		// running: its transaction was cancelled and cannot commit, its
-		// offset is not committed here, and the ledger answers its
-		// redelivery.
+		// running: its transaction was cancelled and cannot commit, and
+		// the commit below stops below its message, which the
+		// partition's next owner reads again.
 		select {
 		case <-lanesDone:
 		case <-time.After(time.Second):
 			s.c.log.ErrorContext(ctx, "justonce kafka: in-flight handlers ignore their cancellation; leaving them behind at the rebalance")
-			stopCommits()
-			<-committerDone
-			return
 		}
 	}
 	stopCommits()
