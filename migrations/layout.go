@@ -72,6 +72,16 @@ func (m *Migrator) applyLayout(ctx context.Context, tx pgx.Tx, schema string) er
 	if kind == "p" {
 		return nil // converted already; the stored width and MaxTTL stay
 	}
+	// The ledger computes a key's shard from its UTF-8 bytes, and refuses
+	// the layout on a database that stores text otherwise: refuse it here,
+	// before anything changes.
+	var encoding string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('server_encoding')`).Scan(&encoding); err != nil {
+		return fmt.Errorf("justonce/migrations: server encoding: %w", err)
+	}
+	if encoding != "UTF8" && encoding != "SQL_ASCII" {
+		return fmt.Errorf("justonce/migrations: the time-bucket layout needs a UTF8 database, not %s", encoding)
+	}
 	for _, stmt := range timeBucketSQL(schema, m.cfg) {
 		if _, err := tx.Exec(ctx, stmt); err != nil {
 			return fmt.Errorf("justonce/migrations: time-bucket layout: %w\n%s", err, stmt)
@@ -326,11 +336,17 @@ BEGIN
 END
 $fn$`,
 
-		// Every live row of the plain table must fit under MaxTTL.
+		// Every live row of the plain table must expire before its bucket
+		// may go: a shard's first bucket opens up to (Shards-1)/Shards of
+		// a width before now() (the schedule is staggered), so it closes
+		// no earlier than now() + width/Shards, and goes MaxTTL after.
+		// Claims that committed while this transaction waited for its
+		// locks wrote rows expiring up to MaxTTL after now(): they fit as
+		// long as the wait was shorter than width/Shards.
 		`DO $do$
 BEGIN
-    IF EXISTS (SELECT 1 FROM {OLD} WHERE expires_at > now() + {MAXTTL}::interval) THEN
-        RAISE EXCEPTION 'justonce: live rows expire later than now + MaxTTL (%): raise MaxTTL', {MAXTTL}::interval;
+    IF EXISTS (SELECT 1 FROM {OLD} WHERE expires_at > now() + {W}::interval / {SHARDS} + {MAXTTL}::interval) THEN
+        RAISE EXCEPTION 'justonce: live rows expire later than now + MaxTTL (%) + BucketWidth/Shards: convert with a larger MaxTTL', {MAXTTL}::interval;
     END IF;
 END
 $do$`,

@@ -23,7 +23,9 @@ import (
 	"regexp"
 	"sort"
 	"strconv"
+	"strings"
 	"time"
+	"unicode/utf8"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -49,7 +51,9 @@ type Migration struct {
 // Config configures a Migrator.
 type Config struct {
 	// Schema to migrate. Empty means the connection's current schema
-	// (the first entry of its search_path). It is created if missing.
+	// (the first entry of its search_path). Up creates it if missing.
+	// Names with $, and names with non-ASCII characters longer than 47
+	// bytes, are refused.
 	Schema string
 	// Layout of processed_events. LayoutTimeBuckets converts a plain
 	// table (copying its live rows) when Up reaches the latest version;
@@ -227,16 +231,32 @@ func (m *Migrator) Migrate(ctx context.Context, target int) (Result, error) {
 	return res, nil
 }
 
-// Status reports the applied version and the pending ones.
+// Status reports the applied version and the pending ones. It only reads:
+// it works on a read-only connection (a replica) and creates nothing (a
+// schema that does not exist is at version 0). A database newer than this
+// build returns ErrUnknownVersion with the Status filled in.
 func (m *Migrator) Status(ctx context.Context) (Status, error) {
-	var st Status
-	err := m.inLockedTx(ctx, func(tx pgx.Tx, _ string) error {
-		applied, err := appliedVersions(ctx, tx)
+	st := Status{Latest: m.Latest()}
+	err := pgx.BeginTxFunc(ctx, m.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted, AccessMode: pgx.ReadOnly}, func(tx pgx.Tx) error {
+		schema, err := m.schemaName(ctx, tx)
 		if err != nil {
 			return err
 		}
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regclass($1) IS NOT NULL`,
+			pgx.Identifier{schema, "justonce_migrations"}.Sanitize()).Scan(&exists); err != nil {
+			return fmt.Errorf("justonce/migrations: version table: %w", err)
+		}
+		applied := map[int]bool{}
+		if exists {
+			if _, err := tx.Exec(ctx, `SET LOCAL search_path TO `+pgx.Identifier{schema}.Sanitize()); err != nil {
+				return err
+			}
+			if applied, err = appliedVersions(ctx, tx); err != nil {
+				return err
+			}
+		}
 		st.Version = maxVersion(applied)
-		st.Latest = m.Latest()
 		for _, mig := range m.migrations {
 			if !applied[mig.Version] {
 				st.Pending = append(st.Pending, mig.Version)
@@ -244,7 +264,49 @@ func (m *Migrator) Status(ctx context.Context) (Status, error) {
 		}
 		return nil
 	})
-	return st, err
+	if err != nil {
+		return Status{}, err
+	}
+	if st.Version > st.Latest {
+		return st, fmt.Errorf("%w: database is at %d, this build knows up to %d", ErrUnknownVersion, st.Version, st.Latest)
+	}
+	return st, nil
+}
+
+// checkSchemaName refuses the schema names the migrations cannot serve.
+func checkSchemaName(schema string) error {
+	if strings.Contains(schema, "$") {
+		// The name is written into function bodies quoted with dollar
+		// tags.
+		return fmt.Errorf("justonce/migrations: schema name %q: a name with $ is not supported", schema)
+	}
+	// The outbox's NOTIFY channel is "justonce_outbox." + schema, cut to
+	// 63 characters in SQL and 63 bytes in Go (outbox.Channel); Postgres
+	// takes at most 63 bytes. They agree for ASCII names of any length
+	// and for names of at most 47 bytes.
+	if len(schema) > 47 {
+		for _, r := range schema {
+			if r >= utf8.RuneSelf {
+				return fmt.Errorf("justonce/migrations: schema name %q: a name with non-ASCII characters must be at most 47 bytes", schema)
+			}
+		}
+	}
+	return nil
+}
+
+// schemaName is the configured schema, or the connection's current one.
+func (m *Migrator) schemaName(ctx context.Context, tx pgx.Tx) (string, error) {
+	if m.schema != "" {
+		return m.schema, nil
+	}
+	var schema *string
+	if err := tx.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
+		return "", fmt.Errorf("justonce/migrations: current schema: %w", err)
+	}
+	if schema == nil {
+		return "", errors.New("justonce/migrations: no schema configured and no schema of the search_path exists: set Config.Schema")
+	}
+	return *schema, nil
 }
 
 func (m *Migrator) find(v int) int {
@@ -256,31 +318,46 @@ func (m *Migrator) find(v int) int {
 	return -1
 }
 
-// inLockedTx runs fn in a transaction that holds the schema's migration
-// advisory lock and has search_path set to the schema.
+// inLockedTx runs fn in a READ COMMITTED transaction that holds the
+// schema's migration advisory lock and has search_path set to the schema,
+// creating the schema and the version table when they do not exist. READ
+// COMMITTED whatever the server's default: a migrator that waited for the
+// lock must see the versions the one before it applied.
 func (m *Migrator) inLockedTx(ctx context.Context, fn func(tx pgx.Tx, schema string) error) error {
-	return pgx.BeginFunc(ctx, m.pool, func(tx pgx.Tx) error {
-		schema := m.schema
-		if schema == "" {
-			if err := tx.QueryRow(ctx, `SELECT current_schema()`).Scan(&schema); err != nil {
-				return fmt.Errorf("justonce/migrations: current schema: %w", err)
-			}
+	return pgx.BeginTxFunc(ctx, m.pool, pgx.TxOptions{IsoLevel: pgx.ReadCommitted}, func(tx pgx.Tx) error {
+		schema, err := m.schemaName(ctx, tx)
+		if err != nil {
+			return err
+		}
+		if err := checkSchemaName(schema); err != nil {
+			return err
 		}
 		if _, err := tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('justonce.migrate:' || $1, 0))`, schema); err != nil {
 			return fmt.Errorf("justonce/migrations: advisory lock: %w", err)
 		}
 		ident := pgx.Identifier{schema}.Sanitize()
-		if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+ident); err != nil {
-			return fmt.Errorf("justonce/migrations: create schema: %w", err)
+		// Created only when missing: CREATE … IF NOT EXISTS needs the
+		// privilege to create even when there is nothing to create.
+		var haveSchema, haveTable bool
+		if err := tx.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL, to_regclass($2) IS NOT NULL`,
+			ident, pgx.Identifier{schema, "justonce_migrations"}.Sanitize()).Scan(&haveSchema, &haveTable); err != nil {
+			return fmt.Errorf("justonce/migrations: schema: %w", err)
+		}
+		if !haveSchema {
+			if _, err := tx.Exec(ctx, `CREATE SCHEMA IF NOT EXISTS `+ident); err != nil {
+				return fmt.Errorf("justonce/migrations: create schema: %w", err)
+			}
 		}
 		if _, err := tx.Exec(ctx, `SET LOCAL search_path TO `+ident); err != nil {
 			return err
 		}
-		if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS justonce_migrations (
+		if !haveTable {
+			if _, err := tx.Exec(ctx, `CREATE TABLE IF NOT EXISTS justonce_migrations (
 			version    integer PRIMARY KEY,
 			name       text NOT NULL,
 			applied_at timestamptz NOT NULL DEFAULT now())`); err != nil {
-			return fmt.Errorf("justonce/migrations: version table: %w", err)
+				return fmt.Errorf("justonce/migrations: version table: %w", err)
+			}
 		}
 		return fn(tx, schema)
 	})

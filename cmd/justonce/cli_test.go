@@ -196,6 +196,16 @@ func TestBinary(t *testing.T) {
 		// search_path names the schema.
 		r = newBinary(t).must("migrate", "up", "--database-url", pg.URL)
 		require.Contains(t, r.stdout, "schema "+pg.Schema+": applied versions 1, 2")
+
+		// A database newer than this build: status and up say so and
+		// fail, rather than reporting it up to date or pointing at down.
+		pg.Exec(t, `INSERT INTO justonce_migrations (version, name) VALUES (3, 'future')`)
+		for _, args := range [][]string{{"migrate", "status"}, {"migrate", "up"}} {
+			r = b.run(args...)
+			require.Equal(t, exitFailure, r.code, "%s", r)
+			require.Contains(t, r.stderr, "database is at 3, this build knows up to 2", "%s", r)
+			require.NotContains(t, r.stderr, "migrate down")
+		}
 	})
 
 	t.Run("Ledger", func(t *testing.T) {
