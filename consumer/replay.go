@@ -22,7 +22,12 @@ type ReplaySource interface {
 // ReplayOptions configure Processor.Replay.
 type ReplayOptions struct {
 	// DryRun counts what would run, asking the ledger, without running or
-	// recording anything.
+	// recording anything. An ID the source repeats counts once as would
+	// run, as the real run runs it once: the dry run remembers the key of
+	// each event it counts as would run until the replay ends. That memory
+	// grows with their number (about 120 bytes each plus the ID), without
+	// bound: for millions of events that never ran, replay a range at a
+	// time.
 	DryRun bool
 	// Progress, when set, is called with the report so far every
 	// ProgressEvery (default 1 s) and once at the end.
@@ -37,9 +42,11 @@ type ReplayOptions struct {
 type PartitionReport struct {
 	Partition int
 	// Seen messages read; Skipped: already processed (duplicates in the
-	// ledger); Ran: ran now (or, in a dry run, would run); Failed:
-	// dead-lettered now, or recorded failed before; NoID: messages without
-	// an ID (dead-lettered, or run without dedupe with AllowNoID).
+	// ledger, or a repeat of an ID that ran earlier in the replay); Ran:
+	// ran now (or, in a dry run, would run: an ID repeated in the replay
+	// counts once, see ReplayOptions.DryRun); Failed: dead-lettered now,
+	// or recorded failed before; NoID: messages without an ID
+	// (dead-lettered, or run without dedupe with AllowNoID).
 	Seen, Skipped, Ran, Failed, NoID int64
 	// First and Last offsets (or sequences) read.
 	First, Last int64
@@ -137,6 +144,11 @@ func (p *Processor) Replay(ctx context.Context, src ReplaySource, opts ReplayOpt
 	}
 
 	var pending []*Message // dry run: messages awaiting a ledger lookup
+	// Dry run: the keys counted as would run so far in this replay. A key
+	// repeated later in the replay (in any lookup batch) would run once:
+	// its later copies count as duplicates. It holds one entry per event
+	// counted as would run, without bound (see ReplayOptions.DryRun).
+	willRun := map[inbox.Key]bool{}
 	flush := func() error {
 		if len(pending) == 0 {
 			return nil
@@ -149,21 +161,18 @@ func (p *Processor) Replay(ctx context.Context, src ReplaySource, opts ReplayOpt
 		if err != nil {
 			return err
 		}
-		// A key repeated within the replay would run once: count the
-		// later copies as duplicates.
-		seen := map[inbox.Key]bool{}
 		for i, m := range pending {
 			t.add(m, func(r *PartitionReport) {
 				switch {
 				case st[i] == inbox.StatusFailed:
 					r.Failed++
-				case st[i] != "" || seen[keys[i]]:
+				case st[i] != "" || willRun[keys[i]]:
 					r.Skipped++
 				default:
 					r.Ran++
+					willRun[keys[i]] = true
 				}
 			})
-			seen[keys[i]] = true
 		}
 		pending = pending[:0]
 		return nil

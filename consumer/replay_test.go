@@ -81,3 +81,32 @@ func (s *sliceSource) Next(ctx context.Context) (*consumer.Message, error) {
 	*s = (*s)[1:]
 	return m, nil
 }
+
+// A dry run predicts the real run: an ID that the source repeats runs once,
+// and counts once as would run, also when its copies fall in different
+// ledger lookups (LookupBatch).
+func TestReplayDryRunCountsARepeatOnceAcrossLookupBatches(t *testing.T) {
+	t.Parallel()
+	f := setup(t)
+	p, err := consumer.New(f.cfg(), f.insert)
+	require.NoError(t, err)
+	ctx := context.Background()
+	require.Equal(t, consumer.Ack, p.Process(ctx, msg("done")).Action)
+	src := func() *sliceSource {
+		// Lookups of 2: [a b] [done a] [c b] [a]
+		s := sliceSource{msg("a"), msg("b"), msg("done"), msg("a"), msg("c"), msg("b"), msg("a")}
+		return &s
+	}
+
+	dry, err := p.Replay(ctx, src(), consumer.ReplayOptions{DryRun: true, LookupBatch: 2})
+	require.NoError(t, err)
+	require.EqualValues(t, 7, dry.Total.Seen)
+	require.EqualValues(t, 3, dry.Total.Ran, "a, b and c would run, once each")
+	require.EqualValues(t, 4, dry.Total.Skipped)
+
+	real, err := p.Replay(ctx, src(), consumer.ReplayOptions{})
+	require.NoError(t, err)
+	require.Equal(t, dry.Total.Ran, real.Total.Ran)
+	require.Equal(t, dry.Total.Skipped, real.Total.Skipped)
+	require.Equal(t, 4, f.pg.Count(t, `SELECT count(*) FROM effects`))
+}

@@ -118,10 +118,12 @@ type Config struct {
 	// Default: the message's subject with DeadLetterSuffix appended.
 	// Unused when Processor.DeadLetter is set.
 	DeadLetterSubject string
-	// ShutdownTimeout bounds how long Run waits, once its context is done,
-	// for in-flight handlers; then their contexts are cancelled (their
-	// transactions roll back and the messages are Nak'ed; with core NATS
-	// they are lost, and logged). Default 30 s.
+	// ShutdownTimeout is how long in-flight handlers keep an uncancelled
+	// context once Run's context is done; then their contexts are
+	// cancelled (their transactions roll back and the messages are
+	// Nak'ed; with core NATS they are lost, and logged). Run returns once
+	// they have returned: a handler that ignores its context's
+	// cancellation holds Run until it returns. Default 30 s.
 	ShutdownTimeout time.Duration
 
 	// beforeAck, for tests, is called after the ledger's transaction

@@ -81,10 +81,10 @@ func (c *Consumer) Config() Config {
 
 // Run consumes until ctx ends, then shuts down as every front does (see
 // the consumer package, "Fronts"): it stops pulling, lets the attempts in
-// flight finish (up to Config.ShutdownTimeout), acks them, Naks what was
-// pulled but not finished so that another member gets it at once, and
-// returns nil. It returns an error when the consumer cannot be set up
-// (stream or durable missing, a configuration that would consume its own
+// flight finish (up to Config.ShutdownTimeout, then cancels them and waits
+// for them to return), acks them, Naks what was pulled but not finished so
+// that another member gets it at once, and returns nil. It returns an
+// error when the consumer cannot be set up (stream or durable missing, a configuration that would consume its own
 // dead letters) or stops for good (the durable was deleted). A second
 // call returns consumer.ErrRunOnce.
 func (c *Consumer) Run(ctx context.Context) error {

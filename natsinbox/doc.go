@@ -100,7 +100,8 @@
 // dead letter. Its Nats-Msg-Id is "justonce-dlq:<stream>:<sequence>:<scope>",
 // so a repeated dead-lettering is dropped by the stream's duplicate window,
 // while consumers of the stream with other scopes keep their own. Run
-// refuses a configuration that would consume its own dead letters. Set
+// refuses a configuration that would consume its own dead letters, and a
+// replay (Replay, Consumer.Replay) reads past them: they are not events. Set
 // Processor.DeadLetter to send them elsewhere; the message is still
 // Term'ed.
 package natsinbox

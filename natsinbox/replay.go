@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"strings"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -12,6 +13,10 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 )
+
+// deadLetterIDPrefix starts the Nats-Msg-Id of the dead letters this
+// package publishes with JetStream (see publishDeadLetter).
+const deadLetterIDPrefix = "justonce-dlq:"
 
 // ReplayConfig says what part of a JetStream stream to replay.
 type ReplayConfig struct {
@@ -27,7 +32,10 @@ type ReplayConfig struct {
 	// StartTime, when set, starts at the first message stored at or after
 	// it (instead of StartSeq).
 	StartTime time.Time
-	// FetchWait bounds each wait for the next message. Default 2 s.
+	// FetchWait bounds each wait for the next message. Default 2 s. A
+	// wait that ends without a message ends the replay only if the stream
+	// holds no matching message between the last one read and the end;
+	// otherwise the read is tried again.
 	FetchWait time.Duration
 }
 
@@ -35,9 +43,22 @@ type ReplayConfig struct {
 // start position up to the stream's last sequence when the replay began.
 // It touches no durable: live consumers are not disturbed. It implements
 // consumer.ReplaySource.
+//
+// The dead letters that natsinbox published with JetStream (their
+// Nats-Msg-Id starts with "justonce-dlq:") are not events: a replay
+// whose subjects include them reads past them without returning them.
+//
+// The replay ends at its end sequence, or when a read waits in vain and
+// the stream holds no matching message between the last one read and the
+// end. A read that waits in vain while such messages remain (a busy or
+// restarting server, a connection blip) is tried again until ctx ends:
+// Next never reports the end with messages missing. Bound a replay with a
+// deadline on ctx.
 type ReplaySource struct {
 	cfg    ReplayConfig
+	st     jetstream.Stream
 	cons   jetstream.Consumer
+	next   uint64 // the lowest sequence not read yet
 	endSeq uint64
 	done   bool
 }
@@ -59,65 +80,176 @@ func NewReplaySource(ctx context.Context, cfg ReplayConfig) (*ReplaySource, erro
 	if err != nil {
 		return nil, fmt.Errorf("justonce natsinbox: replay stream %q: %w", cfg.Stream, err)
 	}
-	info, err := st.Info(ctx)
-	if err != nil {
-		return nil, err
+	info := st.CachedInfo()
+	start := max(cfg.StartSeq, 1)
+	if !cfg.StartTime.IsZero() {
+		if start, err = seqAtTime(ctx, st, cfg.StartTime); err != nil {
+			return nil, fmt.Errorf("justonce natsinbox: replay stream %q from %s: %w", cfg.Stream, cfg.StartTime, err)
+		}
 	}
+	// By sequence, also from a time (resolved above): the check of what
+	// remains (remains) needs the first sequence.
 	oc := jetstream.OrderedConsumerConfig{FilterSubjects: cfg.FilterSubjects, DeliverPolicy: jetstream.DeliverAllPolicy}
-	switch {
-	case !cfg.StartTime.IsZero():
-		oc.DeliverPolicy, oc.OptStartTime = jetstream.DeliverByStartTimePolicy, &cfg.StartTime
-	case cfg.StartSeq > 1:
-		oc.DeliverPolicy, oc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, cfg.StartSeq
+	if start > 1 {
+		oc.DeliverPolicy, oc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
 	}
 	cons, err := js.OrderedConsumer(ctx, cfg.Stream, oc)
 	if err != nil {
 		return nil, err
 	}
-	s := &ReplaySource{cfg: cfg, cons: cons, endSeq: info.State.LastSeq}
-	ci, err := cons.Info(ctx)
-	if err == nil && ci.NumPending == 0 {
+	s := &ReplaySource{cfg: cfg, st: st, cons: cons, next: start, endSeq: info.State.LastSeq}
+	if info.State.Msgs == 0 {
 		s.done = true
-	}
-	if info.State.Msgs == 0 || (cfg.StartSeq > info.State.LastSeq && cfg.StartTime.IsZero()) {
+	} else if more, err := s.remains(ctx); err != nil {
+		return nil, fmt.Errorf("justonce natsinbox: replay stream %q: %w", cfg.Stream, err)
+	} else if !more {
 		s.done = true
 	}
 	return s, nil
 }
 
+// seqAtTime returns the first sequence of st stored at or after t (the
+// last sequence + 1 when there is none), as the server resolves a
+// consumer's start time: from a short-lived consumer starting at t.
+func seqAtTime(ctx context.Context, st jetstream.Stream, t time.Time) (uint64, error) {
+	c, err := st.CreateConsumer(ctx, jetstream.ConsumerConfig{
+		DeliverPolicy: jetstream.DeliverByStartTimePolicy, OptStartTime: &t,
+		AckPolicy: jetstream.AckNonePolicy, MemoryStorage: true, Replicas: 1,
+		InactiveThreshold: time.Minute,
+	})
+	if err != nil {
+		return 0, err
+	}
+	info := c.CachedInfo()
+	dctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
+	defer cancel()
+	_ = st.DeleteConsumer(dctx, info.Name) // else it goes after InactiveThreshold
+	// A new consumer's delivered stream sequence is the one before its
+	// start.
+	return info.Delivered.Stream + 1, nil
+}
+
+// remains reports whether the stream holds a message matching the replay's
+// subjects from s.next up to the end.
+func (s *ReplaySource) remains(ctx context.Context) (bool, error) {
+	if s.next > s.endSeq {
+		return false, nil
+	}
+	filters := s.cfg.FilterSubjects
+	if len(filters) == 0 {
+		filters = []string{">"}
+	}
+	for _, f := range filters {
+		m, err := s.st.GetMsg(ctx, s.next, jetstream.WithGetMsgSubject(f))
+		if errors.Is(err, jetstream.ErrMsgNotFound) {
+			continue
+		}
+		if err != nil {
+			return false, err
+		}
+		if m.Sequence <= s.endSeq {
+			return true, nil
+		}
+	}
+	return false, nil
+}
+
 // Next returns the next message of the replay, or io.EOF at its end.
 func (s *ReplaySource) Next(ctx context.Context) (*consumer.Message, error) {
-	if s.done {
-		return nil, io.EOF
+	retry := 0
+	for {
+		if s.done {
+			return nil, io.EOF
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, err
+		}
+		m, err := s.cons.Next(jetstream.FetchMaxWait(s.cfg.FetchWait))
+		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) {
+			// The end, unless matching messages remain up to it: then
+			// the server was slow, read again.
+			more, err := s.remains(ctx)
+			switch {
+			case err == nil && !more:
+				s.done = true
+				return nil, io.EOF
+			case err != nil && !s.transient(ctx, err):
+				return nil, fmt.Errorf("justonce natsinbox: replay stream %q after sequence %d: %w", s.cfg.Stream, s.next-1, err)
+			}
+			retry++
+			if err := s.pause(ctx, retry); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err != nil {
+			if !s.transient(ctx, err) {
+				return nil, err
+			}
+			retry++
+			if err := s.pause(ctx, retry); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		retry = 0
+		md, err := m.Metadata()
+		if err != nil {
+			return nil, err
+		}
+		seq := md.Sequence.Stream
+		if seq > s.endSeq {
+			s.done = true
+			return nil, io.EOF
+		}
+		s.next = seq + 1
+		if seq == s.endSeq || md.NumPending == 0 {
+			s.done = true
+		}
+		if strings.HasPrefix(m.Headers().Get(jetstream.MsgIDHeader), deadLetterIDPrefix) {
+			continue // a dead letter, not an event
+		}
+		return &consumer.Message{
+			Topic: m.Subject(), Headers: headers(m.Headers()), Value: m.Data(),
+			Offset: int64(seq), Time: md.Timestamp, Attempt: 1, Raw: m,
+		}, nil
 	}
-	if err := ctx.Err(); err != nil {
-		return nil, err
+}
+
+// transient reports whether err, from a read or a check of the stream,
+// may pass when tried again: a timeout, the server or its JetStream
+// unreachable for now, the read's ephemeral consumer lost (a server
+// restart). Not when ctx ended, the connection was closed, or the server
+// answered with an error (the stream deleted, ...).
+func (s *ReplaySource) transient(ctx context.Context, err error) bool {
+	if ctx.Err() != nil || s.cfg.Conn.IsClosed() {
+		return false
 	}
-	m, err := s.cons.Next(jetstream.FetchMaxWait(s.cfg.FetchWait))
-	if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) {
-		// Nothing more matches the filter before the end.
-		s.done = true
-		return nil, io.EOF
+	for _, e := range []error{
+		nats.ErrTimeout, context.DeadlineExceeded, nats.ErrNoResponders, nats.ErrConnectionReconnecting,
+		nats.ErrDisconnected, jetstream.ErrNoHeartbeat, jetstream.ErrConsumerDeleted,
+		jetstream.ErrConsumerNotFound, jetstream.ErrConsumerLeadershipChanged, jetstream.ErrNoStreamResponse,
+	} {
+		if errors.Is(err, e) {
+			return true
+		}
 	}
-	if err != nil {
-		return nil, err
+	return false
+}
+
+// pause waits before the retry'th try again (from 50 ms, doubling, at
+// most 1 s: a read that timed out has already waited FetchWait).
+func (s *ReplaySource) pause(ctx context.Context, retry int) error {
+	d := 50 * time.Millisecond << min(retry-1, 5)
+	d = min(d, time.Second)
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
-	md, err := m.Metadata()
-	if err != nil {
-		return nil, err
-	}
-	seq := md.Sequence.Stream
-	if seq > s.endSeq {
-		s.done = true
-		return nil, io.EOF
-	}
-	if seq == s.endSeq || md.NumPending == 0 {
-		s.done = true
-	}
-	return &consumer.Message{
-		Topic: m.Subject(), Headers: headers(m.Headers()), Value: m.Data(),
-		Offset: int64(seq), Time: md.Timestamp, Attempt: 1, Raw: m,
-	}, nil
 }
 
 // Replay re-reads a stream through p's handler (see consumer.Processor.Replay):
@@ -135,10 +267,12 @@ func Replay(ctx context.Context, cfg ReplayConfig, p *consumer.Processor, opts c
 
 // Replay re-reads the Consumer's stream through its handler and runtime
 // configuration: events the ledger has done are skipped, only the missing
-// ones run (with the usual retries and dead-lettering). cfg.Conn,
-// cfg.Stream and cfg.FilterSubjects default to the Consumer's. With
-// opts.DryRun it only counts what would run. It touches no durable, so it
-// may run beside Run, before or after it.
+// ones run (with the usual retries and dead-lettering). cfg.Conn and
+// cfg.Stream default to the Consumer's, cfg.FilterSubjects to its
+// Config.FilterSubjects or, with Config.Bind on its own stream, to the
+// bound durable's filter, read from the server (Replay may be called
+// before Run). With opts.DryRun it only counts what would run. It touches
+// no durable, so it may run beside Run, before or after it.
 func (c *Consumer) Replay(ctx context.Context, cfg ReplayConfig, opts consumer.ReplayOptions) (consumer.ReplayReport, error) {
 	if cfg.Conn == nil {
 		cfg.Conn = c.cfg.Conn
@@ -147,7 +281,30 @@ func (c *Consumer) Replay(ctx context.Context, cfg ReplayConfig, opts consumer.R
 		cfg.Stream = c.cfg.Stream
 	}
 	if cfg.FilterSubjects == nil {
-		cfg.FilterSubjects = c.cfg.FilterSubjects
+		switch {
+		case c.cfg.Bind && c.js != nil && cfg.Stream == c.cfg.Stream:
+			f, err := c.boundFilter(ctx)
+			if err != nil {
+				return consumer.ReplayReport{}, err
+			}
+			cfg.FilterSubjects = f
+		case !c.cfg.Bind:
+			cfg.FilterSubjects = c.cfg.FilterSubjects
+		}
 	}
 	return Replay(ctx, cfg, c.proc, opts)
+}
+
+// boundFilter returns the subjects the bound durable filters on (nil: the
+// whole stream).
+func (c *Consumer) boundFilter(ctx context.Context) ([]string, error) {
+	cons, err := c.js.Consumer(ctx, c.cfg.Stream, c.cfg.Durable)
+	if err != nil {
+		return nil, fmt.Errorf("justonce natsinbox: replay: bound durable %q on stream %q: %w", c.cfg.Durable, c.cfg.Stream, err)
+	}
+	cc := cons.CachedInfo().Config
+	if cc.FilterSubject != "" {
+		return []string{cc.FilterSubject}, nil
+	}
+	return cc.FilterSubjects, nil
 }

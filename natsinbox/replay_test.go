@@ -1,11 +1,19 @@
 package natsinbox
 
 import (
+	"bytes"
 	"context"
+	"errors"
 	"fmt"
+	"io"
+	"net"
+	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/consumer"
@@ -76,4 +84,206 @@ func TestReplayRunsOnlyWhatIsMissing(t *testing.T) {
 	require.EqualValues(t, 11, rep.Total.Seen) // 91..100 and "late"
 	require.EqualValues(t, 10, rep.Total.Skipped)
 	require.EqualValues(t, 1, rep.Total.Ran)
+}
+
+// With Bind, Consumer.Replay reads what the bound durable gets (its filter,
+// read from the server, also before Run), not the whole stream. And no
+// replay runs the dead letters natsinbox stored: here they are in the same
+// stream, under the durable's subject + ".dlq".
+func TestReplayWithBindReadsTheDurablesSubjectsAndNoDeadLetters(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	fx := newFixture(t)
+	subject := testsvc.Unique("replaybind")
+	ctx := context.Background()
+	stream := "S-" + subject
+	_, err := e.js.CreateStream(ctx, jetstream.StreamConfig{
+		Name: stream, Subjects: []string{subject, subject + ".other", subject + DeadLetterSuffix}, Storage: jetstream.FileStorage,
+	})
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = e.js.DeleteStream(context.Background(), stream) })
+	_, err = e.js.CreateOrUpdateConsumer(ctx, stream, jetstream.ConsumerConfig{Durable: "ops", AckPolicy: jetstream.AckExplicitPolicy, FilterSubject: subject})
+	require.NoError(t, err)
+	for i := 0; i < 5; i++ {
+		e.publish(t, subject, fmt.Sprintf("e-%d", i), []byte("v"))
+	}
+	e.publish(t, subject, "poison", []byte("poison"))
+	for i := 0; i < 3; i++ {
+		e.publish(t, subject+".other", fmt.Sprintf("other-%d", i), []byte("v"))
+	}
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if string(m.Value) == "poison" {
+			return consumer.Permanent(errors.New("poison"))
+		}
+		return fx.insert(ctx, tx, m)
+	}
+	cfg := Config{Conn: e.nc, Stream: stream, Durable: "ops", Bind: true, Processor: fx.processor("ops")}
+
+	// Before Run: nothing done yet.
+	c, err := New(cfg, h)
+	require.NoError(t, err)
+	rep, err := c.Replay(ctx, ReplayConfig{FetchWait: 500 * time.Millisecond}, consumer.ReplayOptions{DryRun: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 6, rep.Total.Seen, "only the durable's subject")
+	require.EqualValues(t, 6, rep.Total.Ran)
+
+	// The live consumer runs the five and dead-letters the poison into the
+	// stream.
+	stop := run(t, c)
+	st, err := e.js.Stream(ctx, stream)
+	require.NoError(t, err)
+	testsvc.Eventually(t, 20*time.Second, func() bool {
+		info, err := st.Info(ctx)
+		require.NoError(t, err)
+		return fx.pg.Count(t, `SELECT count(*) FROM effects`) == 5 && info.State.Msgs == 10 && // the dead letter
+			e.consumerInfo(t, stream, "ops").NumAckPending == 0
+	}, "live consumer done, the poison dead-lettered into the stream")
+	stop()
+	runs := fx.runs.Load()
+
+	// After Run, by a Consumer that did not run.
+	c2, err := New(cfg, h)
+	require.NoError(t, err)
+	for _, dry := range []bool{true, false} {
+		rep, err = c2.Replay(ctx, ReplayConfig{FetchWait: 500 * time.Millisecond}, consumer.ReplayOptions{DryRun: dry})
+		require.NoError(t, err)
+		require.EqualValues(t, 6, rep.Total.Seen, "dry run %v: only the durable's subject", dry)
+		require.EqualValues(t, 5, rep.Total.Skipped)
+		require.EqualValues(t, 1, rep.Total.Failed)
+		require.Zero(t, rep.Total.Ran)
+	}
+	require.Equal(t, runs, fx.runs.Load(), "the replay ran no handler")
+
+	// The whole stream, the dead letter included: it is read past.
+	pc := fx.processor("ops")
+	pc.ID = DefaultID
+	p, err := consumer.New(pc, h)
+	require.NoError(t, err)
+	rep, err = Replay(ctx, ReplayConfig{Conn: e.nc, Stream: stream, FetchWait: 500 * time.Millisecond}, p, consumer.ReplayOptions{DryRun: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 9, rep.Total.Seen, "all but the dead letter")
+	require.EqualValues(t, 3, rep.Total.Ran, "the other subject's events")
+	require.EqualValues(t, 9, rep.Partitions[0].Last)
+}
+
+// stallProxy forwards TCP between NATS clients and a server. Armed, it
+// holds the next client chunk that carries a pull request, and everything
+// the client sends after it, for d.
+type stallProxy struct {
+	ln    net.Listener
+	armed atomic.Bool
+	d     time.Duration
+}
+
+func newStallProxy(t *testing.T, target string, d time.Duration) *stallProxy {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	p := &stallProxy{ln: ln, d: d}
+	t.Cleanup(func() { ln.Close() })
+	go func() {
+		for {
+			cc, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			sc, err := net.Dial("tcp", target)
+			if err != nil {
+				cc.Close()
+				continue
+			}
+			t.Cleanup(func() { cc.Close(); sc.Close() })
+			go func() { _, _ = io.Copy(cc, sc); cc.Close() }()
+			go func() {
+				buf := make([]byte, 64<<10)
+				for {
+					n, err := cc.Read(buf)
+					if n > 0 {
+						if bytes.Contains(buf[:n], []byte(".CONSUMER.MSG.NEXT.")) && p.armed.CompareAndSwap(true, false) {
+							time.Sleep(p.d) // the stall
+						}
+						if _, werr := sc.Write(buf[:n]); werr != nil {
+							return
+						}
+					}
+					if err != nil {
+						sc.Close()
+						return
+					}
+				}
+			}()
+		}
+	}()
+	return p
+}
+
+// A replay whose read waits in vain while the stream still holds messages
+// up to its end (the server slow to see the pull request) reads on: it
+// ends with every message, not with a part of them and no error.
+func TestReplayReadsOnAfterAStall(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	fx := newFixture(t)
+	subject := testsvc.Unique("replaystall")
+	stream := e.stream(t, subject, 0)
+	for i := 0; i < 10; i++ {
+		e.publish(t, subject, fmt.Sprintf("e-%d", i), []byte("v"))
+	}
+	const fetchWait = 500 * time.Millisecond
+	// The stall outlasts the read's wait: the read gives up before the
+	// server gets its request.
+	px := newStallProxy(t, strings.TrimPrefix(e.url, "nats://"), 6*fetchWait)
+	nc := connect(t, "nats://"+px.ln.Addr().String())
+	pc := fx.processor("orders")
+	pc.ID = DefaultID
+	var n atomic.Int64
+	p, err := consumer.New(pc, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if n.Add(1) == 5 {
+			px.armed.Store(true) // stall the next read
+		}
+		return fx.insert(ctx, tx, m)
+	})
+	require.NoError(t, err)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rep, err := Replay(ctx, ReplayConfig{Conn: nc, Stream: stream, FetchWait: fetchWait}, p, consumer.ReplayOptions{})
+	require.NoError(t, err)
+	require.False(t, px.armed.Load(), "the stall happened")
+	require.EqualValues(t, 10, rep.Total.Seen)
+	require.EqualValues(t, 10, rep.Total.Ran)
+	require.EqualValues(t, 10, rep.Partitions[0].Last)
+	require.Equal(t, 10, fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`))
+}
+
+// From a time: the first message stored at or after it, to the end.
+func TestReplayFromATime(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	fx := newFixture(t)
+	subject := testsvc.Unique("replaytime")
+	stream := e.stream(t, subject, 0)
+	for i := 0; i < 10; i++ {
+		e.publish(t, subject, fmt.Sprintf("e-%d", i), []byte("v"))
+	}
+	ctx := context.Background()
+	st, err := e.js.Stream(ctx, stream)
+	require.NoError(t, err)
+	sixth, err := st.GetMsg(ctx, 6)
+	require.NoError(t, err)
+	pc := fx.processor("orders")
+	pc.ID = DefaultID
+	p, err := consumer.New(pc, fx.insert)
+	require.NoError(t, err)
+
+	rep, err := Replay(ctx, ReplayConfig{Conn: e.nc, Stream: stream, StartTime: sixth.Time}, p, consumer.ReplayOptions{DryRun: true})
+	require.NoError(t, err)
+	require.EqualValues(t, 5, rep.Total.Seen)
+	require.EqualValues(t, 6, rep.Partitions[0].First)
+	require.EqualValues(t, 10, rep.Partitions[0].Last)
+
+	// After the last message: nothing, at once.
+	start := time.Now()
+	rep, err = Replay(ctx, ReplayConfig{Conn: e.nc, Stream: stream, StartTime: time.Now().Add(time.Hour), FetchWait: time.Minute}, p, consumer.ReplayOptions{DryRun: true})
+	require.NoError(t, err)
+	require.Zero(t, rep.Total.Seen)
+	require.Less(t, time.Since(start), 30*time.Second, "no wait for a message")
 }
