@@ -2,6 +2,7 @@ package kafkainbox_test
 
 import (
 	"context"
+	"errors"
 	"net"
 	"strconv"
 	"sync/atomic"
@@ -119,6 +120,27 @@ func events(prefix string, from, to, keys int) []kafka.Message {
 	return out
 }
 
+// endOffsets returns, per partition, the offset after the last record of
+// topic.
+func endOffsets(t testing.TB, brokers []string, topic string) map[int]int64 {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	client := &kafka.Client{Addr: kafka.TCP(brokers...), Timeout: 10 * time.Second}
+	req := &kafka.ListOffsetsRequest{Topics: map[string][]kafka.OffsetRequest{}}
+	for _, p := range partitions(t, brokers, topic) {
+		req.Topics[topic] = append(req.Topics[topic], kafka.LastOffsetOf(p))
+	}
+	res, err := client.ListOffsets(ctx, req)
+	require.NoError(t, err)
+	out := map[int]int64{}
+	for _, po := range res.Topics[topic] {
+		require.NoError(t, po.Error)
+		out[po.Partition] = po.LastOffset
+	}
+	return out
+}
+
 // readAll returns every message of topic, partition by partition.
 func readAll(t testing.TB, brokers []string, topic string) []kafka.Message {
 	t.Helper()
@@ -166,9 +188,21 @@ func lag(t testing.TB, brokers []string, group, topic string) map[int]int64 {
 	}
 	ends, err := client.ListOffsets(ctx, req)
 	require.NoError(t, err)
-	cs, err := client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
+	// A group coordinator that is moving or still loading answers with a
+	// retriable error: ask again, within ctx.
+	var cs *kafka.OffsetFetchResponse
+	for {
+		cs, err = client.OffsetFetch(ctx, &kafka.OffsetFetchRequest{GroupID: group, Topics: map[string][]int{topic: parts}})
+		if err == nil {
+			err = cs.Error
+		}
+		var ke kafka.Error
+		if err == nil || !errors.As(err, &ke) || !ke.Temporary() || ctx.Err() != nil {
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
 	require.NoError(t, err)
-	require.NoError(t, cs.Error)
 	committed := map[int]int64{}
 	for _, p := range cs.Topics[topic] {
 		require.NoError(t, p.Error)
