@@ -25,6 +25,10 @@ var (
 	// completed already; the fencing token no longer matches.
 	ErrLeaseLost = errors.New("justonce/inbox: lease lost")
 
+	// ErrNotStuck: ReleaseStuck left the key's row: the key is done, or
+	// processing under a lease that still runs.
+	ErrNotStuck = errors.New("justonce/inbox: key is not stuck")
+
 	// ErrStore: a ledger statement failed: the database was unreachable, or
 	// it refused the statement. The error is a *StoreError that unwraps to
 	// the driver's error (errors.As a *pgconn.PgError works) and names the

@@ -13,6 +13,8 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+
+	"github.com/justonce/justonce/internal/ledgerkey"
 )
 
 // pgStore holds every SQL statement of the ledger. The ledger logic speaks to
@@ -40,6 +42,7 @@ type pgStore struct {
 	claimSQL, claimOneSQL, lookupSQL, completeSQL         string
 	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
 	releaseSQL, failSQL, purgeSQL, statsSQL, liveSQL      string
+	releaseStuckSQL                                       string
 	knownSQL                                              string
 
 	// The plain layout's write-once path (see Ledger.Do): the claim takes
@@ -182,6 +185,18 @@ SELECT u.ord, false, ` + cols("e") + `
 
 	s.releaseSQL = r.Replace(`DELETE FROM {T} WHERE scope = $1 AND tenant = $2 AND event_id = $3`)
 
+	// releaseStuckSQL deletes the row unless it is done and unexpired, or
+	// processing under a lease that still runs (whatever its expiry, as
+	// the janitor keeps it), and says whether a row was there (the outer
+	// query sees the table as before the DELETE).
+	s.releaseStuckSQL = r.Replace(`WITH d AS (DELETE FROM {T}
+		WHERE scope = $1 AND tenant = $2 AND event_id = $3
+			AND (status <> 'done' OR expires_at <= now())
+			AND NOT (status = 'processing' AND lease_until > now())
+		RETURNING 1)
+	SELECT EXISTS (SELECT 1 FROM d), EXISTS (SELECT 1 FROM {T}
+		WHERE scope = $1 AND tenant = $2 AND event_id = $3)`)
+
 	// failSQL records a dead-lettered event as failed, unless it is done.
 	s.failSQL = r.Replace(`INSERT INTO {T} AS t (scope, tenant, event_id, status, fingerprint, source, principal,
 		attempts, error, completed_at, expires_at)
@@ -220,25 +235,8 @@ SELECT (SELECT ok FROM l), count(*) FROM d`)
 	return s
 }
 
-// lockKey is the advisory lock a claim takes for a key: FNV-1a 64 over the
-// length-prefixed parts, so ("a:b","c") and ("a","b:c") differ.
-func lockKey(k Key) int64 {
-	const offset, prime = 14695981039346656037, 1099511628211
-	h := uint64(offset)
-	for _, p := range [3]string{k.Scope, k.Tenant, k.ID} {
-		for n := len(p); ; n /= 10 { // the length, in decimal digits
-			h = (h ^ uint64('0'+n%10)) * prime
-			if n < 10 {
-				break
-			}
-		}
-		h = (h ^ ':') * prime
-		for i := 0; i < len(p); i++ {
-			h = (h ^ uint64(p[i])) * prime
-		}
-	}
-	return int64(h)
-}
+// lockKey is the advisory lock a claim takes for a key.
+func lockKey(k Key) int64 { return ledgerkey.Hash(k.Scope, k.Tenant, k.ID) }
 
 // janitorLockKey is the advisory lock (mixed with the table's OID in SQL)
 // that lets one janitor run at a time per table.
@@ -427,6 +425,13 @@ func (s *pgStore) leaseRelease(ctx context.Context, q querier, k Key, token int6
 func (s *pgStore) release(ctx context.Context, q querier, k Key) (bool, error) {
 	tag, err := q.Exec(ctx, s.releaseSQL, k.Scope, k.Tenant, k.ID)
 	return tag.RowsAffected() == 1, err
+}
+
+// releaseStuck deletes k's row if it is stuck; live reports a row that
+// was not (done, or under a lease that still runs).
+func (s *pgStore) releaseStuck(ctx context.Context, q querier, k Key) (deleted, live bool, err error) {
+	err = q.QueryRow(ctx, s.releaseStuckSQL, k.Scope, k.Tenant, k.ID).Scan(&deleted, &live)
+	return deleted, live && !deleted, err
 }
 
 func (s *pgStore) fail(ctx context.Context, q querier, r Request, attempts int, msg string, ttl time.Duration) (bool, error) {

@@ -7,12 +7,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"log/slog"
-	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/justonce/justonce/internal/ledgerkey"
 )
 
 // RedisConfig puts Redis in front of the ledger: a lock, so concurrent
@@ -138,9 +139,7 @@ func newRedisFront(cfg RedisConfig, log *slog.Logger, stats *counters) *redisFro
 }
 
 func (f *redisFront) keys(k Key) (res, lock string) {
-	base := fmt.Sprintf("%s{%016x}:%s:%s:%s", f.cfg.Prefix, uint64(lockKey(k)),
-		url.QueryEscape(k.Scope), url.QueryEscape(k.Tenant), url.QueryEscape(k.ID))
-	return base + ":res", base + ":lock"
+	return ledgerkey.RedisKeys(f.cfg.Prefix, k.Scope, k.Tenant, k.ID)
 }
 
 // failed counts a Redis failure and logs the first of an episode.

@@ -78,6 +78,24 @@ func (e *CacheError) Is(target error) bool {
 // fails (the row may or may not have been deleted, if the answer was
 // lost), the cached result is deleted all the same; call Release again.
 func (l *Ledger) Release(ctx context.Context, k Key) (bool, error) {
+	return l.release(ctx, k, false)
+}
+
+// ReleaseStuck is Release for a key that cannot be in use: it deletes k's
+// row only when the key failed, or is processing under a lease that ran
+// out (its holder crashed or hung), or the row expired. A key that is done,
+// or whose lease still runs (its handler may be running, even past the
+// row's expiry), is left as it is: ReleaseStuck then returns false with an
+// error matching ErrNotStuck.
+// The check and the delete are one statement, so a key that completes
+// while ReleaseStuck runs is never released. It reports whether a row was
+// deleted; false with a nil error means there was no live row. Redis is
+// handled as by Release.
+func (l *Ledger) ReleaseStuck(ctx context.Context, k Key) (bool, error) {
+	return l.release(ctx, k, true)
+}
+
+func (l *Ledger) release(ctx context.Context, k Key, stuckOnly bool) (bool, error) {
 	if err := k.Validate(l.cfg.MaxKeyLen); err != nil {
 		return false, err
 	}
@@ -89,7 +107,13 @@ func (l *Ledger) Release(ctx context.Context, k Key) (bool, error) {
 			return false, &CacheError{Op: "release", Key: k, Err: err}
 		}
 	}
-	ok, err := l.store.release(ctx, l.pool, k)
+	var ok, live bool
+	var err error
+	if stuckOnly {
+		ok, live, err = l.store.releaseStuck(ctx, l.pool, k)
+	} else {
+		ok, err = l.store.release(ctx, l.pool, k)
+	}
 	if err != nil {
 		if l.fast != nil {
 			// The DELETE may have committed before its answer was lost:
@@ -98,6 +122,9 @@ func (l *Ledger) Release(ctx context.Context, k Key) (bool, error) {
 			_ = l.invalidate(ctx, "release", k)
 		}
 		return false, storeErr("release", err)
+	}
+	if live {
+		return false, fmt.Errorf("%w: %s is done, or its lease still runs", ErrNotStuck, k)
 	}
 	if l.fast != nil {
 		if err := l.invalidate(ctx, "release", k); err != nil {

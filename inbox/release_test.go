@@ -13,6 +13,7 @@ import (
 
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/migrations"
 )
 
 // pauser stops a hook for one key until the test lets it go on.
@@ -304,4 +305,83 @@ func TestReleaseAnswerLostStillDropsTheCache(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.Executed, out.Disposition, "not answered from the old cached result")
 	require.EqualValues(t, 2, ran.Load())
+}
+
+// ReleaseStuck deletes only what cannot be in use: a failed key, a lease
+// that ran out, an expired row. A done key and a lease that still runs
+// stay, with ErrNotStuck, whatever the caller saw of them before.
+func TestReleaseStuckLeavesWhatMayBeInUse(t *testing.T) {
+	t.Parallel()
+	forLayouts(t, func(t *testing.T, mc migrations.Config) {
+		b := setupLayout(t, mc, inbox.Config{})
+		ctx := context.Background()
+
+		// Done: left, and still done.
+		done := req("orders", "done")
+		_, err := b.ledger.Do(ctx, done, noop)
+		require.NoError(t, err)
+		ok, err := b.ledger.ReleaseStuck(ctx, done.Key)
+		require.ErrorIs(t, err, inbox.ErrNotStuck)
+		require.False(t, ok)
+		out, err := b.ledger.Do(ctx, done, noop)
+		require.NoError(t, err)
+		require.Equal(t, inbox.Duplicate, out.Disposition, "the done key was not released")
+
+		// A lease that runs: left, and its holder still completes.
+		live := req("orders", "live")
+		lease, _, err := b.ledger.AcquireLease(ctx, live, time.Hour)
+		require.NoError(t, err)
+		require.NotNil(t, lease)
+		ok, err = b.ledger.ReleaseStuck(ctx, live.Key)
+		require.ErrorIs(t, err, inbox.ErrNotStuck)
+		require.False(t, ok)
+		require.NoError(t, lease.Complete(ctx, inbox.Result{Code: 200}))
+
+		// A lease that runs past its row's expiry: left too.
+		longLease := req("orders", "long-lease")
+		longLease.TTL = time.Second
+		lease, _, err = b.ledger.AcquireLease(ctx, longLease, time.Hour)
+		require.NoError(t, err)
+		require.NotNil(t, lease)
+		testsvc.Eventually(t, 10*time.Second, func() bool {
+			_, err := b.ledger.Lookup(ctx, longLease.Key)
+			return errors.Is(err, inbox.ErrNotFound)
+		}, "the row expired")
+		ok, err = b.ledger.ReleaseStuck(ctx, longLease.Key)
+		require.ErrorIs(t, err, inbox.ErrNotStuck)
+		require.False(t, ok)
+		require.NoError(t, lease.Complete(ctx, inbox.Result{Code: 200}))
+
+		// A lease that ran out: released, and its holder is fenced off.
+		stale := req("orders", "stale")
+		lease, _, err = b.ledger.AcquireLease(ctx, stale, 50*time.Millisecond)
+		require.NoError(t, err)
+		require.NotNil(t, lease)
+		testsvc.Eventually(t, 10*time.Second, func() bool {
+			ok, err = b.ledger.ReleaseStuck(ctx, stale.Key)
+			if errors.Is(err, inbox.ErrNotStuck) {
+				return false
+			}
+			require.NoError(t, err)
+			return true
+		}, "the lease ran out and the key was released")
+		require.True(t, ok)
+		require.ErrorIs(t, lease.Complete(ctx, inbox.Result{}), inbox.ErrLeaseLost)
+
+		// Failed: released; the next delivery runs.
+		failed := req("orders", "failed")
+		_, err = b.ledger.RecordFailure(ctx, failed, 3, errors.New("boom"))
+		require.NoError(t, err)
+		ok, err = b.ledger.ReleaseStuck(ctx, failed.Key)
+		require.NoError(t, err)
+		require.True(t, ok)
+		out, err = b.ledger.Do(ctx, failed, noop)
+		require.NoError(t, err)
+		require.Equal(t, inbox.Executed, out.Disposition)
+
+		// Absent: false, no error.
+		ok, err = b.ledger.ReleaseStuck(ctx, req("orders", "absent").Key)
+		require.NoError(t, err)
+		require.False(t, ok)
+	})
 }

@@ -379,6 +379,22 @@ func TestBinary(t *testing.T) {
 			require.Equal(t, releaseJSON{Scope: "billing", ID: "******", IDMasked: true, Released: true, Was: "done", Cache: "not_checked"}, rel)
 			require.Equal(t, 0, pg.Count(t, "SELECT count(*) FROM processed_events WHERE event_id = 'done-2'"))
 
+			// A key whose lease still runs is refused without --force: its
+			// handler may be running.
+			live := inbox.Request{Key: inbox.Key{Scope: "payments", ID: "live-lease-0001"}}
+			liveLease, _, err := l.AcquireLease(ctx, live, time.Hour)
+			require.NoError(t, err)
+			require.NotNil(t, liveLease)
+			r = b.run("ledger", "release", "payments", "live-lease-0001")
+			require.Equal(t, exitUsage, r.code, "%s", r)
+			require.Contains(t, r.stderr, "handler may be running")
+			require.Contains(t, r.stderr, "--force")
+			require.Equal(t, 1, pg.Count(t, "SELECT count(*) FROM processed_events WHERE event_id = 'live-lease-0001'"))
+			rel = releaseOut(t, b.run("ledger", "release", "payments", "live-lease-0001", "--force", "--json"), exitOK)
+			require.True(t, rel.Released)
+			require.Equal(t, "processing", rel.Was)
+			require.ErrorIs(t, liveLease.Complete(ctx, inbox.Result{}), inbox.ErrLeaseLost)
+
 			// A failed key is released at once; the next delivery runs.
 			b.must("ledger", "release", "billing", "failed-3")
 			out, err = l.Do(ctx, failReq, noop)
@@ -449,6 +465,38 @@ func TestBinary(t *testing.T) {
 		require.Equal(t, exitFailure, r.code, "%s", r)
 		require.Contains(t, r.stderr, "cannot reach Redis, nothing was changed")
 		require.Equal(t, 1, pg.Count(t, "SELECT count(*) FROM processed_events WHERE event_id = 'order-key-0003'"))
+	})
+
+	// ReleaseRedisDefaultPrefixes: an application without
+	// RedisConfig.Prefix caches under "justonce:" when it reaches its
+	// schema through search_path, under "justonce:<schema>:" when it names
+	// it in Config.Schema. Without --redis-prefix a release drops the key
+	// under both, whether the tool was given the schema or not.
+	t.Run("ReleaseRedisDefaultPrefixes", func(t *testing.T) {
+		t.Parallel()
+		pg := testsvc.Postgres(t)
+		addr := testsvc.RedisAddr(t)
+		rc, _ := testsvc.Redis(t)
+		ctx := context.Background()
+		bySearchPath, err := inbox.New(pg.Pool, inbox.Config{Redis: &inbox.RedisConfig{Client: rc}})
+		require.NoError(t, err)
+		bySchema, err := inbox.New(pg.Pool, inbox.Config{Schema: pg.Schema, Redis: &inbox.RedisConfig{Client: rc}})
+		require.NoError(t, err)
+		for _, env := range []string{"JUSTONCE_SCHEMA=" + pg.Schema, "JUSTONCE_SCHEMA="} {
+			b := newBinary(t, "DATABASE_URL="+pg.URL, env, "REDIS_URL=redis://"+addr+"/0")
+			for _, l := range []*inbox.Ledger{bySearchPath, bySchema} {
+				req := inbox.Request{Key: inbox.Key{Scope: "orders", ID: testsvc.Unique("prefix-key")}}
+				do(t, l, req, inbox.Result{Code: 201})
+				out, err := l.Do(ctx, req, noop)
+				require.NoError(t, err)
+				require.True(t, out.Cached, "served from the replay cache")
+				r := b.must("ledger", "release", "orders", req.ID, "--force")
+				require.Contains(t, r.stdout, "Redis replay cache: invalidated")
+				out, err = l.Do(ctx, req, noop)
+				require.NoError(t, err)
+				require.Equal(t, inbox.Executed, out.Disposition, "%s: the cache still answered the released key", env)
+			}
+		}
 	})
 
 	// ReleaseRedisRefuses: a Redis that answers the connection check but

@@ -11,6 +11,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/ledgerkey"
 )
 
 // connectTimeout bounds connecting to Postgres when the URL sets no
@@ -95,6 +96,7 @@ type redisFlags struct {
 	url     string
 	prefix  string
 	cluster bool
+	client  redis.UniversalClient // set by open
 }
 
 func addRedisFlags(f *flags) *redisFlags {
@@ -102,7 +104,7 @@ func addRedisFlags(f *flags) *redisFlags {
 	f.stringEnv(&r.url, "redis-url", "REDIS_URL",
 		"Redis `URL` of the application's replay cache (redis://[:password@]host:6379/0); the released key is dropped from it too")
 	f.stringEnv(&r.prefix, "redis-prefix", "JUSTONCE_REDIS_PREFIX",
-		"key `prefix` the application sets in inbox.RedisConfig.Prefix; empty: \"justonce:\"")
+		"key `prefix` the application sets in inbox.RedisConfig.Prefix; empty: both defaults, \"justonce:\" and \"justonce:<schema>:\"")
 	f.BoolVar(&r.cluster, "redis-cluster", false,
 		"the Redis URL names a Redis Cluster (redis://host1:6379?addr=host2:6379)")
 	return r
@@ -133,5 +135,47 @@ func (r *redisFlags) open(ctx context.Context) (*inbox.RedisConfig, error) {
 		_ = c.Close()
 		return nil, fmt.Errorf("cannot reach Redis, nothing was changed: %w", err)
 	}
+	r.client = c
 	return &inbox.RedisConfig{Client: c, Prefix: r.prefix, Timeout: 5 * time.Second}, nil
+}
+
+// invalidateOthers deletes k's cached result and lock under the default
+// prefix the ledger did not use, after the ledger invalidated its own.
+// Which default an application has depends on whether it names its schema
+// in inbox.Config.Schema ("justonce:<schema>:") or reaches it through
+// search_path ("justonce:"); the tool cannot know, so it drops both. A
+// deleted entry is always safe: Postgres answers instead. Nothing to do
+// when --redis-prefix names the prefix.
+func (r *redisFlags) invalidateOthers(ctx context.Context, l *inbox.Ledger, schema string, k inbox.Key) error {
+	if r.prefix != "" || r.client == nil {
+		return nil
+	}
+	other := "justonce:"
+	if schema == "" {
+		// The ledger used "justonce:"; the other is named after the schema
+		// search_path finds the table in.
+		if err := l.Pool().QueryRow(ctx, `SELECT coalesce((SELECT n.nspname FROM pg_class c
+			JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('processed_events')), '')`).Scan(&schema); err != nil {
+			return fmt.Errorf("finding the ledger's schema: %w", err)
+		}
+		if schema == "" {
+			return nil
+		}
+		other = "justonce:" + schema + ":"
+	}
+	res, lock := ledgerkey.RedisKeys(other, k.Scope, k.Tenant, k.ID)
+	ctx = context.WithoutCancel(ctx)
+	var err error
+	for try := range 3 {
+		if try > 0 {
+			time.Sleep(time.Duration(try) * 50 * time.Millisecond)
+		}
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		err = r.client.Del(cctx, res, lock).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+	}
+	return err
 }

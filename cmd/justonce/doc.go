@@ -26,7 +26,7 @@
 //	                                          the failed messages with their errors, oldest first
 //	justonce outbox retry (<id>... | --all) [--json]
 //	                                          put failed messages back in the queue
-//	justonce outbox purge --failed [--older-than D] [<id>...] [--json]
+//	justonce outbox purge --failed (<id>... | --all) [--older-than D] [--json]
 //	                                          delete failed messages (never pending ones)
 //	justonce replay kafka --brokers B --topic T --scope S [--from-offset N]
 //	        [--since D | --from-time T] [--tenant T] [--id-header H,...] [--json]
@@ -154,7 +154,8 @@
 // unavailable (Redis did not answer; nothing released). ledger purge: busy
 // is true when another instance holds the janitor lock (deleted counts the
 // rows deleted before). outbox stats: the oldest_pending fields are null
-// when nothing is pending, oldest_failed_at when nothing failed. outbox
+// when nothing is pending; oldest_failed_at is when the earliest failure
+// happened, null when nothing failed. outbox
 // failed: message IDs are not masked (they are not secrets, unlike an
 // Idempotency-Key); error is the broker's. replay: first and last are
 // offsets (Kafka) or stream sequences (NATS, one partition 0); would_run

@@ -52,12 +52,19 @@ Put "--" before an ID that starts with a dash.`,
 				help: `Deletes the key's row whatever its state, so the key is new again: the next
 delivery of the event, or the next request with the Idempotency-Key, runs the
 handler again. Use it for a key stuck in processing, or a failed key whose
-cause was fixed. A key that is done is refused without --force: releasing it
-lets its effect happen twice.
+cause was fixed. Without --force, a key that is done is refused (releasing it
+lets its effect happen twice), and so is a key whose lease still runs (its
+handler may be running: releasing it lets a second run start beside it).
+The state is checked again as the row is deleted, so a key that completes
+while the command runs is not released.
 
 When the application uses the Redis replay cache, give --redis-url (and
 --redis-prefix if it sets one) so that the cached result is dropped too;
 otherwise a cached result may still be replayed until it expires there.
+Without --redis-prefix the key is dropped under both default prefixes,
+"justonce:" and "justonce:<schema>:" (the application uses the first when it
+reaches its schema through search_path, the second when it names it in
+inbox.Config.Schema).
 With --redis-url nothing is released while Redis does not answer.
 
 The output says what happened to the row (released, or no row) and to the
@@ -349,7 +356,7 @@ func ledgerRelease(f *flags) runFunc {
 	db := addDBFlags(f)
 	rc := addRedisFlags(f)
 	tenant := f.String("tenant", "", "`tenant` of the key; empty: no tenant")
-	force := f.Bool("force", false, "release a key that is done, letting its effect happen again")
+	force := f.Bool("force", false, "release a key that is done (letting its effect happen again) or whose lease still runs")
 	asJSON := f.jsonFlag()
 	return func(ctx context.Context, a *app, args []string) error {
 		k, err := keyArg(args, *tenant)
@@ -367,6 +374,10 @@ func ledgerRelease(f *flags) runFunc {
 		switch {
 		case err == nil && rec.Status == inbox.StatusDone && !*force:
 			return usageErrorf("key %s is done: releasing it lets its effect happen again; pass --force if that is meant", keyText(k, false))
+		case err == nil && rec.Status == inbox.StatusProcessing && rec.LeaseUntil.After(now) && !*force:
+			return usageErrorf("key %s is processing under a lease until %s: its handler may be running, and releasing the key "+
+				"lets a second run start beside it; wait for the lease to run out, or pass --force if that is meant",
+				keyText(k, false), leaseText(rec.LeaseUntil, now))
 		case err == nil:
 			was, wasText = string(rec.Status), string(rec.Status)
 			if rec.Status == inbox.StatusProcessing && !rec.LeaseUntil.IsZero() {
@@ -375,7 +386,17 @@ func ledgerRelease(f *flags) runFunc {
 		case !errors.Is(err, inbox.ErrNotFound):
 			return err
 		}
-		ok, rerr := l.Release(ctx, k)
+		// Without --force the check is made again by the DELETE itself: a
+		// key that completed (or was leased again) since the look-up stays.
+		release := l.ReleaseStuck
+		if *force {
+			release = l.Release
+		}
+		ok, rerr := release(ctx, k)
+		if errors.Is(rerr, inbox.ErrNotStuck) {
+			return usageErrorf("key %s was changed by another process while this command ran (it is done now, or leased): nothing released; "+
+				"pass --force to release it all the same", keyText(k, false))
+		}
 		out := releaseJSON{Scope: k.Scope, Tenant: k.Tenant, ID: inbox.Mask(k.ID), IDMasked: true, Released: ok, Was: was, Cache: cacheNotChecked}
 		if ok && was == "absent" {
 			// The row had expired between the lookup and the release.
@@ -383,6 +404,14 @@ func ledgerRelease(f *flags) runFunc {
 		}
 		if rc.url != "" {
 			out.Cache = cacheInvalidated
+		}
+		if rc.url != "" && !errors.Is(rerr, inbox.ErrCacheUnavailable) {
+			// The row changed (or, when Postgres failed, may have): drop
+			// the key from the cache under the other default prefix too,
+			// as the ledger did under its own.
+			if err := rc.invalidateOthers(ctx, l, db.schema, k); err != nil && rerr == nil {
+				rerr = &inbox.CacheError{Op: "release", Key: k, Stale: true, Err: err}
+			}
 		}
 		redisErr := rerr
 		var ce *inbox.CacheError

@@ -49,10 +49,10 @@ ahead of it.`,
 				name:    "purge",
 				summary: "delete failed messages",
 				args:    "[<id>...]",
-				help: `Deletes failed messages: those with the given IDs, else all of them, and with
---older-than only those that failed at least that long ago. Pending messages
-are never purged: the relay deletes each message once its broker acked it.
---failed is required, to say so.`,
+				help: `Deletes failed messages: those with the given IDs, or with --all every failed
+message; with --older-than only those that failed at least that long ago.
+Pending messages are never purged: the relay deletes each message once its
+broker acked it. --failed is required, to say so.`,
 				setup: outboxPurge,
 			},
 		},
@@ -216,11 +216,17 @@ type outboxPurgeJSON struct {
 func outboxPurge(f *flags) runFunc {
 	db := addDBFlags(f)
 	failed := f.Bool("failed", false, "delete failed messages (required: pending ones are never purged)")
+	all := f.Bool("all", false, "purge every failed message (instead of naming IDs)")
 	olderThan := f.Duration("older-than", 0, "only messages that failed at least this long ago")
 	asJSON := f.jsonFlag()
 	return func(ctx context.Context, a *app, args []string) error {
-		if !*failed {
+		switch {
+		case !*failed:
 			return usageErrorf("say what to purge: --failed (the only messages purge deletes are failed ones)")
+		case len(args) == 0 && !*all:
+			return usageErrorf("say which failed messages to purge: message IDs, or --all")
+		case len(args) > 0 && *all:
+			return usageErrorf("give message IDs or --all, not both")
 		}
 		if *olderThan < 0 {
 			return usageErrorf("--older-than must not be negative")

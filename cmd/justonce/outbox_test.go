@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
@@ -55,7 +56,9 @@ func TestOutboxCommands(t *testing.T) {
 		return err
 	}))
 	// Two refused by their broker, as a relay marks them.
-	pg.Exec(t, `UPDATE outbox SET status = 'failed', error = 'Message Size Too Large', attempts = 1, failed_at = now() WHERE id = ANY($1)`, ids[:2])
+	// They were added two days before they failed.
+	pg.Exec(t, `UPDATE outbox SET status = 'failed', error = 'Message Size Too Large', attempts = 1, failed_at = now(),
+		created_at = now() - interval '2 days' WHERE id = ANY($1)`, ids[:2])
 
 	out = must("outbox", "stats")
 	require.Contains(t, out, "pending: 1 message in 1 lane")
@@ -66,6 +69,7 @@ func TestOutboxCommands(t *testing.T) {
 	require.Equal(t, int64(2), st.Failed)
 	require.NotNil(t, st.OldestPendingAgeSeconds)
 	require.NotNil(t, st.OldestFailedAt)
+	require.WithinDuration(t, time.Now(), *st.OldestFailedAt, time.Minute, "when the oldest failure happened, not when its message was added")
 
 	out = must("outbox", "failed")
 	require.Contains(t, out, ids[0])
@@ -88,10 +92,17 @@ func TestOutboxCommands(t *testing.T) {
 	code, _, errOut = cli("outbox", "purge")
 	require.Equal(t, exitUsage, code)
 	require.Contains(t, errOut, "--failed")
-	out = must("outbox", "purge", "--failed", "--older-than", "1h")
+	// Purging every failed message takes --all, as retry does.
+	code, _, errOut = cli("outbox", "purge", "--failed")
+	require.Equal(t, exitUsage, code)
+	require.Contains(t, errOut, "--all")
+	require.Equal(t, 1, pg.Count(t, `SELECT count(*) FROM outbox WHERE status = 'failed'`), "nothing purged")
+	code, _, _ = cli("outbox", "purge", "--failed", "--all", ids[1])
+	require.Equal(t, exitUsage, code)
+	out = must("outbox", "purge", "--failed", "--all", "--older-than", "1h")
 	require.Contains(t, out, "deleted 0 failed messages")
 	var purged outboxPurgeJSON
-	asJSON(&purged, "outbox", "purge", "--failed")
+	asJSON(&purged, "outbox", "purge", "--failed", "--all")
 	require.Equal(t, int64(1), purged.Deleted)
 	require.Equal(t, 2, pg.Count(t, `SELECT count(*) FROM outbox WHERE status = 'pending'`), "pending messages stay")
 
