@@ -17,8 +17,9 @@ type Stats struct {
 	// when none is pending); OldestPendingAge is its age at the query.
 	OldestPending    time.Time
 	OldestPendingAge time.Duration
-	// OldestFailed is when the oldest failed message was added (zero when
-	// none failed).
+	// OldestFailed is when the earliest of the failed messages' failures
+	// happened (zero when none failed), the time Purge's OlderThan counts
+	// from.
 	OldestFailed time.Time
 	// Lanes is how many lanes hold pending messages.
 	Lanes int64
@@ -35,7 +36,7 @@ func (o *Outbox) Stats(ctx context.Context) (Stats, error) {
     count(*) FILTER (WHERE status = 'failed'),
     min(created_at) FILTER (WHERE status = 'pending'),
     extract(epoch FROM now() - min(created_at) FILTER (WHERE status = 'pending'))::float8,
-    min(created_at) FILTER (WHERE status = 'failed'),
+    min(coalesce(failed_at, created_at)) FILTER (WHERE status = 'failed'),
     count(DISTINCT lane) FILTER (WHERE status = 'pending')
 FROM `+o.table).Scan(&s.Pending, &s.Failed, &oldestP, &age, &oldestF, &s.Lanes)
 	if err != nil {
