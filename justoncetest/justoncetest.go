@@ -6,8 +6,9 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"net/url"
+	"net"
 	"os"
+	"strconv"
 	"testing"
 	"time"
 
@@ -55,17 +56,13 @@ func Ledger(t testing.TB, opts ...Option) *inbox.Ledger {
 		t.Fatalf("justoncetest: DATABASE_URL is not set: set it to a Postgres the test may create schemas in, such as postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
 	}
 	schema := "justoncetest_" + randHex(6)
-	u, err := url.Parse(dsn)
+	// A URL or a keyword/value string, as pgx takes it; pgx redacts the
+	// password in its parse errors.
+	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
 		t.Fatalf("justoncetest: DATABASE_URL: %v", err)
 	}
-	q := u.Query()
-	q.Set("search_path", schema)
-	u.RawQuery = q.Encode()
-	cfg, err := pgxpool.ParseConfig(u.String())
-	if err != nil {
-		t.Fatalf("justoncetest: DATABASE_URL: %v", err)
-	}
+	cfg.ConnConfig.RuntimeParams["search_path"] = schema
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
@@ -74,7 +71,8 @@ func Ledger(t testing.TB, opts ...Option) *inbox.Ledger {
 	}
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		pool.Close()
-		t.Fatalf("justoncetest: cannot create a schema on the Postgres of DATABASE_URL (%s): %v", redacted(u), err)
+		t.Fatalf("justoncetest: cannot create a schema on the Postgres of DATABASE_URL (database %q on %s): %v",
+			cfg.ConnConfig.Database, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), err)
 	}
 	t.Cleanup(func() { drop(t, pool, schema) })
 
@@ -104,12 +102,6 @@ func drop(t testing.TB, pool *pgxpool.Pool, schema string) {
 		time.Sleep(100 * time.Millisecond)
 	}
 	t.Errorf("justoncetest: drop schema %s: %v", schema, err)
-}
-
-func redacted(u *url.URL) string {
-	c := *u
-	c.RawQuery = ""
-	return c.Redacted()
 }
 
 func randHex(n int) string {

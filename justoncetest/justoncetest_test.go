@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"runtime"
 	"strings"
@@ -188,6 +189,33 @@ func TestLedgerOwnSchemaDroppedAtEnd(t *testing.T) {
 	}
 	if exists {
 		t.Fatalf("schema %s still exists after the test's end", schema)
+	}
+}
+
+// DATABASE_URL may be a keyword/value connection string, as pgx and libpq
+// take it.
+func TestLedgerWithKeywordValueDatabaseURL(t *testing.T) {
+	u, err := url.Parse(os.Getenv("DATABASE_URL"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	pw, _ := u.User.Password()
+	kv := fmt.Sprintf("host=%s port=%s user=%s password='%s' dbname=%s sslmode=disable",
+		u.Hostname(), u.Port(), u.User.Username(), pw, strings.TrimPrefix(u.Path, "/"))
+	t.Setenv("DATABASE_URL", kv)
+	var schema string
+	f := run(func(tb testing.TB) {
+		l := justoncetest.Ledger(tb)
+		if err := l.Pool().QueryRow(context.Background(), `SELECT current_schema()`).Scan(&schema); err != nil {
+			t.Error(err)
+		}
+	})
+	f.end()
+	if f.fatal != "" {
+		t.Fatal(f.fatal)
+	}
+	if !strings.HasPrefix(schema, "justoncetest_") {
+		t.Fatalf("search_path schema = %q, want the test's own", schema)
 	}
 }
 
