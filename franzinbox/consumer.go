@@ -609,7 +609,7 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 			close(done)
 		}()
 		if !commit {
-			<-done // cancelled above; forgotten already
+			s.waitCancelled(done) // cancelled above; forgotten already
 			return
 		}
 		t := time.NewTimer(budget / 2)
@@ -621,7 +621,7 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 			for _, p := range ps {
 				p.cancel()
 			}
-			<-done
+			s.waitCancelled(done)
 		}
 		for _, p := range ps {
 			p.cancel()
@@ -629,6 +629,23 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 		ctx, cancel := context.WithTimeout(context.Background(), budget/4)
 		s.commitAndForget(ctx, cl, gone)
 		cancel()
+	}
+}
+
+// waitCancelled waits a second for cancelled handlers of revoked
+// partitions (done). A handler that ignores its cancellation would hold
+// the revoke, and so the whole group's rebalance: it is left running. The
+// commit after the revoke stops below its message, which the partition's
+// next owner reads again; if it returns success later its transaction
+// still commits (the ledger commits on a context of its own) and its
+// effect still happens once, since the next run of its message waits for
+// the key's lock and then finds the key done. Run waits for it (lanesWG)
+// before it returns.
+func (s *session) waitCancelled(done <-chan struct{}) {
+	select {
+	case <-done:
+	case <-time.After(time.Second):
+		s.c.log.Error("justonce franz: handlers of revoked partitions ignore their cancellation; leaving them behind at the rebalance")
 	}
 }
 

@@ -68,10 +68,13 @@
 //     partition's messages at once, and the next owner starts where this
 //     one stopped: a rebalance redelivers nothing (unless that commit
 //     fails, or the partitions were lost rather than revoked; the ledger
-//     skips what comes again). Only a handler that
-//     ignores its context's cancellation past the rebalance timeout gets
-//     this member dropped from the group while it runs; the ledger then
-//     answers InFlight, then Duplicate, to the new owner. Partitions lost
+//     skips what comes again). A handler that ignores its context's
+//     cancellation is left running a second after it was cancelled, so
+//     that it does not hold the group's rebalance: its message is not
+//     committed, and its next run waits for the key's lock and then finds
+//     the key done (if the handler returned success, its transaction still
+//     commits) or runs it. Run returns only after such handlers have.
+//     Partitions lost
 //     rather than revoked (this member was dropped from the group) are
 //     forgotten at once: nothing more of them is committed, and their
 //     attempts in flight are cancelled at once and rolled back, to run

@@ -92,3 +92,67 @@ func TestRevokeCancelsAHandlerThatOutlivesTheWait(t *testing.T) {
 	require.Positive(t, runsB.Load(), "B consumed")
 	require.NotContains(t, logs.String(), "lost=true", "no member was dropped from the group")
 }
+
+// A handler that ignores its cancellation does not hold the group's
+// rebalance: a second after the revoke cancelled it, the member leaves it
+// running and the rebalance completes, so the other partition's events
+// run while it still blocks. Its event runs once, after it rolled back.
+func TestHandlerIgnoringCancellationDoesNotHoldTheRebalance(t *testing.T) {
+	t.Parallel()
+	brokers := testsvc.KafkaBrokers(t)
+	fx := newFixture(t)
+	topic := newTopic(t, brokers, 2)
+	group := "g-" + topic
+	held := make(chan struct{})
+	release := make(chan struct{})
+	var once, releaseOnce sync.Once
+	releaseIt := func() { releaseOnce.Do(func() { close(release) }) }
+	t.Cleanup(releaseIt)
+	handlerA := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if m.ID == "stuck-0" {
+			once.Do(func() {
+				close(held)
+				<-release // ignores ctx
+			})
+		}
+		return fx.insert(ctx, tx, m)
+	}
+	opts := append(append([]kgo.Opt(nil), fastGroup...), kgo.Balancers(kgo.RangeBalancer()))
+	cfg := franzinbox.Config{Brokers: brokers, Topics: []string{topic}, GroupID: group, Processor: fx.processor(), ClientOptions: opts}
+	publishTo(t, brokers, topic, 0, events("stuck", 0, 1, 1)...)
+	stopA := start(t, cfg, handlerA)
+	select {
+	case <-held:
+	case <-time.After(60 * time.Second):
+		t.Fatal("A did not reach the stuck handler")
+	}
+	stopB := start(t, cfg, fx.insert)
+	adm := admin(t, brokers)
+	testsvc.Eventually(t, 60*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		gs, err := adm.DescribeGroups(ctx, group)
+		if err != nil {
+			return false
+		}
+		g, ok := gs[group]
+		return ok && g.State == "Stable" && len(g.Members) == 2
+	}, "the group settles with both members while A's handler still blocks")
+	select {
+	case <-release:
+		t.Fatal("released too early")
+	default:
+	}
+	publishTo(t, brokers, topic, 1, events("free", 0, 10, 10)...)
+	testsvc.Eventually(t, 60*time.Second, func() bool {
+		return fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id LIKE 'free-%'`) == 10
+	}, "the other partition's events run while A's handler still blocks")
+	require.Zero(t, fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = 'stuck-0'`), "the stuck event has not committed")
+	releaseIt()
+	testsvc.Eventually(t, 60*time.Second, func() bool {
+		return fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = 'stuck-0'`) == 1
+	}, "the stuck event runs again once released")
+	stopA()
+	stopB()
+	fx.assertExactlyOnce(t, 11)
+}

@@ -25,6 +25,7 @@ type Consumer struct {
 	writer    *kafka.Writer // dead letters; nil when Processor.DeadLetter was given
 	ownWriter bool
 	ran       atomic.Bool
+	leftover  sync.WaitGroup // handlers left behind at a rebalance
 }
 
 // New returns a Consumer that runs h for each new event of cfg.Topic.
@@ -177,6 +178,9 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := group.Close(); err != nil {
 		c.log.WarnContext(ctx, "justonce kafka: leaving the group", "group", c.cfg.GroupID, "err", err)
 	}
+	// Handlers left behind at a rebalance were cancelled; return once
+	// they have.
+	c.leftover.Wait()
 	return nil
 }
 
@@ -365,41 +369,71 @@ func (s *session) run(ctx, gctx context.Context, rebalanceGrace time.Duration) {
 	// rejoin fit in the time the coordinator waits for it.
 	s.stop()
 	fetchers.Wait()
-	rebalance := ctx.Err() == nil
-	grace, why := cfg.ShutdownTimeout, "shutdown"
-	if rebalance {
-		grace, why = rebalanceGrace, "rebalance"
-	}
 	lanesDone := make(chan struct{})
 	go func() {
 		s.lanesWG.Wait()
 		close(lanesDone)
 	}()
-	timer := time.NewTimer(grace)
-	select {
-	case <-lanesDone:
-		timer.Stop()
-	case <-timer.C:
-		s.c.log.WarnContext(ctx, "justonce kafka: in-flight handlers still running at "+why+"; cancelling them", "timeout", grace)
-		s.cancel()
-		if !rebalance {
-			<-lanesDone
-			break
-		}
-		// A handler that ignores its cancellation would hold the
-		// generation, and so the whole group's rebalance. Leave it
-		// running: its transaction was cancelled and cannot commit, and
-		// the commit below stops below its message, which the
-		// partition's next owner reads again.
-		select {
-		case <-lanesDone:
-		case <-time.After(time.Second):
-			s.c.log.ErrorContext(ctx, "justonce kafka: in-flight handlers ignore their cancellation; leaving them behind at the rebalance")
-		}
-	}
+	s.waitInFlight(ctx, gctx, lanesDone, rebalanceGrace)
 	stopCommits()
 	<-committerDone
 	s.commit(context.WithoutCancel(ctx))
+}
+
+// waitInFlight waits for the attempts in flight (lanesDone), at shutdown up to
+// ShutdownTimeout, at a rebalance up to rebalanceGrace; a rebalance that
+// ends the generation during a shutdown's wait cuts it to rebalanceGrace,
+// since the member's heartbeats have stopped. Then it cancels them.
+func (s *session) waitInFlight(ctx, gctx context.Context, lanesDone <-chan struct{}, rebalanceGrace time.Duration) {
+	rebalance := ctx.Err() == nil
+	grace, why := s.c.cfg.ShutdownTimeout, "shutdown"
+	genEnded := gctx.Done()
+	if rebalance {
+		grace, why, genEnded = rebalanceGrace, "rebalance", nil
+	}
+	deadline := time.Now().Add(grace)
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+wait:
+	for {
+		select {
+		case <-lanesDone:
+			return
+		case <-genEnded:
+			genEnded = nil
+			rebalance, why = true, "rebalance"
+			if time.Until(deadline) > rebalanceGrace {
+				grace = rebalanceGrace
+				timer.Reset(grace)
+			}
+		case <-timer.C:
+			break wait
+		}
+	}
+	s.c.log.WarnContext(ctx, "justonce kafka: in-flight handlers still running at "+why+"; cancelling them", "timeout", grace)
+	s.cancel()
+	if !rebalance {
+		<-lanesDone
+		return
+	}
+	// A handler that ignores its cancellation would hold the generation,
+	// and so the whole group's rebalance. Leave it running: the commit
+	// after the wait stops below its message, which the partition's next
+	// owner reads again. If the handler returns success later its
+	// transaction still commits (the ledger commits on a context of its
+	// own), and its effect still happens once: the next run of its
+	// message waits for the key's lock, then finds the key done. Run
+	// waits for it before it returns.
+	select {
+	case <-lanesDone:
+	case <-time.After(time.Second):
+		s.c.log.ErrorContext(ctx, "justonce kafka: in-flight handlers ignore their cancellation; leaving them behind at the rebalance")
+		s.c.leftover.Add(1)
+		go func() {
+			<-lanesDone
+			s.c.leftover.Done()
+		}()
+	}
 }
 
 // fetch hands the messages r fetches to their lanes until ctx is done.

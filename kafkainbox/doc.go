@@ -103,7 +103,9 @@
 // coordinator: a member never moves an offset back below what the next
 // owner committed. Fetched messages not yet started are read again, by
 // whichever member gets their partition, and the order the Consumer keeps
-// (Ordering) holds across the rebalance, unless a handler ignores its
-// cancellation: the member then leaves it running (its transaction cannot
-// commit) and rejoins a second later.
+// (Ordering) holds across the rebalance. A handler that ignores its
+// cancellation is left running a second later, and the member rejoins: if
+// it returns success, its transaction still commits, and its effect still
+// happens once (the next run of its message waits for the key's lock,
+// then finds the key done). Run returns only after such handlers have.
 package kafkainbox

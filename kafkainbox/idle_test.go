@@ -3,6 +3,7 @@ package kafkainbox_test
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -52,12 +53,18 @@ func TestHandlerIgnoringCancellationDoesNotHoldTheRebalance(t *testing.T) {
 	var once, releaseOnce sync.Once
 	releaseIt := func() { releaseOnce.Do(func() { close(release) }) }
 	t.Cleanup(releaseIt)
+	var leftReturned atomic.Bool // the handler left behind has returned
 	handlerA := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if m.ID == "stuck" {
+			first := false
 			once.Do(func() {
+				first = true
 				close(held)
 				<-release
 			})
+			if first {
+				defer leftReturned.Store(true)
+			}
 		}
 		return fx.insert(ctx, tx, m)
 	}
@@ -87,11 +94,32 @@ func TestHandlerIgnoringCancellationDoesNotHoldTheRebalance(t *testing.T) {
 		return fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id LIKE 'free-%'`) == 10
 	}, "the free partition's events run")
 	require.Zero(t, fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = 'stuck'`), "the stuck event has not committed")
+
+	// A stops while the handler it left behind still blocks: A leaves the
+	// group, and its Run returns only after that handler has. The stuck
+	// event's next run (on A or B) waits for the key's lock, which the
+	// handler's open transaction holds, and runs once it rolled back.
+	stoppedA := make(chan bool, 1)
+	go func() {
+		stopA()
+		stoppedA <- leftReturned.Load()
+	}()
+	testsvc.Eventually(t, 60*time.Second, func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		res, err := client.DescribeGroups(ctx, &kafka.DescribeGroupsRequest{GroupIDs: []string{group}})
+		return err == nil && len(res.Groups) == 1 && res.Groups[0].GroupState == "Stable" && len(res.Groups[0].Members) == 1
+	}, "A left the group")
 	releaseIt()
+	select {
+	case returned := <-stoppedA:
+		require.True(t, returned, "A's Run returned while a handler it left behind was still running")
+	case <-time.After(60 * time.Second):
+		t.Fatal("A's Run did not return after its handler did")
+	}
 	testsvc.Eventually(t, 60*time.Second, func() bool {
 		return fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = 'stuck'`) == 1
-	}, "the stuck event runs again once released")
-	stopA()
+	}, "the stuck event runs once the left-behind handler rolled back")
 	stopB()
 	fx.assertExactlyOnce(t, 11)
 }
