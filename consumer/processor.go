@@ -650,16 +650,4 @@ func (p *Processor) Retry(ctx context.Context, m *Message, d Decision, wait func
 
 // Sleep waits d, or until ctx ends: then it returns ctx's error. It is
 // Retry's wait when none is given.
-func Sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
+func Sleep(ctx context.Context, d time.Duration) error { return backoff.Sleep(ctx, d) }

@@ -137,7 +137,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		if max := t.maxDelay(); wait > max {
 			wait = max
 		}
-		if err := sleep(ctx, wait); err != nil {
+		if err := backoff.Sleep(ctx, wait); err != nil {
 			return nil, err
 		}
 	}
@@ -195,18 +195,4 @@ func retryAfter(v string) (time.Duration, bool) {
 func drain(b io.ReadCloser) {
 	_, _ = io.CopyN(io.Discard, b, 64<<10)
 	_ = b.Close()
-}
-
-func sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
 }

@@ -32,7 +32,7 @@ import (
 // outbox relay, from rows that transactions added to the outbox.
 //
 // Run with `go test -tags kafkacluster -run '^TestCluster' ./kafkainbox`
-// (scripts/kafka-cluster-test.sh); the cluster uses ports 47001-47013 (or the next free block of 20 up to 47099).
+// (scripts/kafka-cluster-test.sh); the cluster uses ports 27001-27013 (or the next free block of 20 up to 27199).
 func TestClusterBrokerKilledMidRun(t *testing.T) {
 	t0 := time.Now()
 	cl := testsvc.StartKafkaCluster(t, testsvc.KafkaClusterConfig{})

@@ -145,6 +145,8 @@ func (s *ReplaySource) Next(ctx context.Context) (*consumer.Message, error) {
 				Partition: rg.partition,
 				Dialer:    s.cfg.Dialer,
 				MaxWait:   500 * time.Millisecond,
+				// No lag reads: they open a connection a minute for nothing.
+				ReadLagInterval: -1,
 			})
 			if err := s.r.SetOffset(rg.start); err != nil {
 				return nil, fmt.Errorf("justonce/kafkainbox: replay: partition %d: %w", rg.partition, err)

@@ -59,7 +59,7 @@ func (c *Consumer) publishDeadLetter(ctx context.Context, m *consumer.Message, c
 	if m.Offset > 0 {
 		// The scope too: consumers of one stream with different scopes
 		// that dead-letter the same message each keep their dead letter.
-		out.Header.Set(jetstream.MsgIDHeader, "justonce-dlq:"+c.cfg.Stream+":"+strconv.FormatInt(m.Offset, 10)+":"+c.cfg.Processor.Scope)
+		out.Header.Set(jetstream.MsgIDHeader, deadLetterIDPrefix+c.cfg.Stream+":"+strconv.FormatInt(m.Offset, 10)+":"+c.cfg.Processor.Scope)
 	}
 	if _, err := c.js.PublishMsg(ctx, out); err != nil {
 		return fmt.Errorf("publish dead letter to %s (does a stream capture it?): %w", out.Subject, err)

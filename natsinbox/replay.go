@@ -54,6 +54,11 @@ type ReplayConfig struct {
 // restarting server, a connection blip) is tried again until ctx ends:
 // Next never reports the end with messages missing. Bound a replay with a
 // deadline on ctx.
+//
+// Permissions: besides reading the stream's info and creating ephemeral
+// consumers on it (a second, short-lived one finds StartTime's sequence),
+// a replay gets single messages from the stream (JetStream's
+// $JS.API.STREAM.MSG.GET) to tell a stalled read from the end.
 type ReplaySource struct {
 	cfg    ReplayConfig
 	st     jetstream.Stream
@@ -240,16 +245,7 @@ func (s *ReplaySource) transient(ctx context.Context, err error) bool {
 // pause waits before the retry'th try again (from 50 ms, doubling, at
 // most 1 s: a read that timed out has already waited FetchWait).
 func (s *ReplaySource) pause(ctx context.Context, retry int) error {
-	d := 50 * time.Millisecond << min(retry-1, 5)
-	d = min(d, time.Second)
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return ctx.Err()
-	case <-t.C:
-		return nil
-	}
+	return consumer.Sleep(ctx, min(50*time.Millisecond<<min(retry-1, 5), time.Second))
 }
 
 // Replay re-reads a stream through p's handler (see consumer.Processor.Replay):

@@ -3,9 +3,25 @@
 package backoff
 
 import (
+	"context"
 	"math/rand/v2"
 	"time"
 )
+
+// Sleep waits d, or until ctx ends: then it returns ctx's error.
+func Sleep(ctx context.Context, d time.Duration) error {
+	if d <= 0 {
+		return ctx.Err()
+	}
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
 
 // Delay is the wait before retry n (from 1): a random time between half
 // and all of min(initial·multiplier^(n-1), max).

@@ -24,8 +24,9 @@ type KafkaClusterConfig struct {
 	Nodes int
 	// BasePort: node i (1-based) listens on BasePort+i for clients and on
 	// BasePort+10+i for the controller quorum. Default: the first of
-	// 47000, 47020, 47040, 47060, 47080 whose ports are all free (so
-	// 47001.. and 47011.. when nothing holds them).
+	// 27000, 27020, ..., 27180 whose ports are all free (so 27001.. and
+	// 27011.. when nothing holds them): below Linux's ephemeral range,
+	// where no client connection can hold one.
 	BasePort int
 	// Heap is the JVM heap flags of each node (default -Xms128m -Xmx384m).
 	Heap string
@@ -89,13 +90,15 @@ func StartKafkaCluster(t testing.TB, cfg KafkaClusterConfig) *KafkaCluster {
 		t.Fatalf("testsvc: no Kafka jars: run `make services-up` once (it fetches them), or set JUSTONCE_KAFKA_HOME")
 	}
 	c := &KafkaCluster{t: t, cfg: cfg, home: home, dir: t.TempDir(), procs: map[int]*exec.Cmd{}, done: map[int]chan struct{}{}}
-	// The ports lie in Linux's default ephemeral range, where a client
-	// connection may hold one for minutes (scripts/kafka-cluster-test.sh
-	// reserves the range where it may): take the first block of the
-	// range whose ports are all free.
+	// The ports lie below the ephemeral range (32768-60999 by default),
+	// where only a listener can hold one: take the first block whose
+	// ports are all free.
 	bases := []int{cfg.BasePort}
 	if cfg.BasePort == 0 {
-		bases = []int{47000, 47020, 47040, 47060, 47080}
+		bases = nil
+		for b := 27000; b < 27200; b += 20 {
+			bases = append(bases, b)
+		}
 	}
 	end := time.Now().Add(15 * time.Second)
 	for chosen := false; !chosen; {
