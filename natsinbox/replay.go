@@ -63,10 +63,21 @@ type ReplaySource struct {
 	cfg    ReplayConfig
 	st     jetstream.Stream
 	cons   jetstream.Consumer
-	next   uint64 // the lowest sequence not read yet
+	batch  jetstream.MessageBatch // the fetch being read; nil between fetches
+	got    int                    // messages batch gave so far
+	next   uint64                 // the lowest sequence not read yet
 	endSeq uint64
 	done   bool
 }
+
+// One fetch of a replay asks for up to replayBatch messages and
+// replayBatchBytes bytes (the largest payload a server may allow, so that
+// any message fits). An ordered consumer is recreated at each fetch:
+// fetching one message at a time cost a consumer per message.
+const (
+	replayBatch      = 1000
+	replayBatchBytes = 64 << 20
+)
 
 // NewReplaySource opens the replay. The end is fixed now: messages
 // published later are not part of it.
@@ -169,7 +180,7 @@ func (s *ReplaySource) Next(ctx context.Context) (*consumer.Message, error) {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
-		m, err := s.cons.Next(jetstream.FetchMaxWait(s.cfg.FetchWait))
+		m, err := s.read(ctx)
 		if errors.Is(err, nats.ErrTimeout) || errors.Is(err, jetstream.ErrNoMessages) {
 			// The end, unless matching messages remain up to it: then
 			// the server was slow, read again.
@@ -218,6 +229,38 @@ func (s *ReplaySource) Next(ctx context.Context) (*consumer.Message, error) {
 			Topic: m.Subject(), Headers: headers(m.Headers()), Value: m.Data(),
 			Offset: int64(seq), Time: md.Timestamp, Attempt: 1, Raw: m,
 		}, nil
+	}
+}
+
+// read returns the next message of the current fetch, starting one when
+// none runs: nats.ErrTimeout when a fetch ended with no message (it waited
+// FetchWait), the fetch's error when it failed.
+func (s *ReplaySource) read(ctx context.Context) (jetstream.Msg, error) {
+	for {
+		if s.batch == nil {
+			b, err := s.cons.Fetch(replayBatch, jetstream.FetchMaxWait(s.cfg.FetchWait), jetstream.FetchMaxBytes(replayBatchBytes))
+			if err != nil {
+				return nil, err
+			}
+			s.batch, s.got = b, 0
+		}
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err() // the fetch goes on; the next read takes it up
+		case m, ok := <-s.batch.Messages():
+			if ok {
+				s.got++
+				return m, nil
+			}
+		}
+		err, got := s.batch.Error(), s.got
+		s.batch = nil
+		switch {
+		case err != nil:
+			return nil, err
+		case got == 0:
+			return nil, nats.ErrTimeout
+		}
 	}
 }
 

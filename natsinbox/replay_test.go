@@ -225,7 +225,9 @@ func TestReplayReadsOnAfterAStall(t *testing.T) {
 	fx := newFixture(t)
 	subject := testsvc.Unique("replaystall")
 	stream := e.stream(t, subject, 0)
-	for i := 0; i < 10; i++ {
+	// More than one fetch holds: the stall hits the second.
+	const total = replayBatch + 10
+	for i := 0; i < total; i++ {
 		e.publish(t, subject, fmt.Sprintf("e-%d", i), []byte("v"))
 	}
 	const fetchWait = 500 * time.Millisecond
@@ -248,10 +250,10 @@ func TestReplayReadsOnAfterAStall(t *testing.T) {
 	rep, err := Replay(ctx, ReplayConfig{Conn: nc, Stream: stream, FetchWait: fetchWait}, p, consumer.ReplayOptions{})
 	require.NoError(t, err)
 	require.False(t, px.armed.Load(), "the stall happened")
-	require.EqualValues(t, 10, rep.Total.Seen)
-	require.EqualValues(t, 10, rep.Total.Ran)
-	require.EqualValues(t, 10, rep.Partitions[0].Last)
-	require.Equal(t, 10, fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`))
+	require.EqualValues(t, total, rep.Total.Seen)
+	require.EqualValues(t, total, rep.Total.Ran)
+	require.EqualValues(t, total, rep.Partitions[0].Last)
+	require.Equal(t, total, fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`))
 }
 
 // From a time: the first message stored at or after it, to the end.
