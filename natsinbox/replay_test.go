@@ -1,12 +1,9 @@
 package natsinbox
 
 import (
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
-	"io"
-	"net"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -166,56 +163,6 @@ func TestReplayWithBindReadsTheDurablesSubjectsAndNoDeadLetters(t *testing.T) {
 	require.EqualValues(t, 9, rep.Partitions[0].Last)
 }
 
-// stallProxy forwards TCP between NATS clients and a server. Armed, it
-// holds the next client chunk that carries a pull request, and everything
-// the client sends after it, for d.
-type stallProxy struct {
-	ln    net.Listener
-	armed atomic.Bool
-	d     time.Duration
-}
-
-func newStallProxy(t *testing.T, target string, d time.Duration) *stallProxy {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	p := &stallProxy{ln: ln, d: d}
-	t.Cleanup(func() { ln.Close() })
-	go func() {
-		for {
-			cc, err := ln.Accept()
-			if err != nil {
-				return
-			}
-			sc, err := net.Dial("tcp", target)
-			if err != nil {
-				cc.Close()
-				continue
-			}
-			t.Cleanup(func() { cc.Close(); sc.Close() })
-			go func() { _, _ = io.Copy(cc, sc); cc.Close() }()
-			go func() {
-				buf := make([]byte, 64<<10)
-				for {
-					n, err := cc.Read(buf)
-					if n > 0 {
-						if bytes.Contains(buf[:n], []byte(".CONSUMER.MSG.NEXT.")) && p.armed.CompareAndSwap(true, false) {
-							time.Sleep(p.d) // the stall
-						}
-						if _, werr := sc.Write(buf[:n]); werr != nil {
-							return
-						}
-					}
-					if err != nil {
-						sc.Close()
-						return
-					}
-				}
-			}()
-		}
-	}()
-	return p
-}
-
 // A replay whose read waits in vain while the stream still holds messages
 // up to its end (the server slow to see the pull request) reads on: it
 // ends with every message, not with a part of them and no error.
@@ -233,14 +180,16 @@ func TestReplayReadsOnAfterAStall(t *testing.T) {
 	const fetchWait = 500 * time.Millisecond
 	// The stall outlasts the read's wait: the read gives up before the
 	// server gets its request.
-	px := newStallProxy(t, strings.TrimPrefix(e.url, "nats://"), 6*fetchWait)
-	nc := connect(t, "nats://"+px.ln.Addr().String())
+	px := testsvc.Proxy(t, strings.TrimPrefix(e.url, "nats://"))
+	nc := connect(t, "nats://"+px.Addr())
 	pc := fx.processor("orders")
 	pc.ID = DefaultID
 	var n atomic.Int64
+	stalled := make(chan (<-chan struct{}), 1)
 	p, err := consumer.New(pc, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if n.Add(1) == 5 {
-			px.armed.Store(true) // stall the next read
+			// Stall the next read's pull request.
+			stalled <- px.StallWhenClientSends([]byte(".CONSUMER.MSG.NEXT."), 6*fetchWait)
 		}
 		return fx.insert(ctx, tx, m)
 	})
@@ -249,7 +198,11 @@ func TestReplayReadsOnAfterAStall(t *testing.T) {
 	defer cancel()
 	rep, err := Replay(ctx, ReplayConfig{Conn: nc, Stream: stream, FetchWait: fetchWait}, p, consumer.ReplayOptions{})
 	require.NoError(t, err)
-	require.False(t, px.armed.Load(), "the stall happened")
+	select {
+	case <-<-stalled:
+	default:
+		t.Fatal("the stall did not happen")
+	}
 	require.EqualValues(t, total, rep.Total.Seen)
 	require.EqualValues(t, total, rep.Total.Ran)
 	require.EqualValues(t, total, rep.Partitions[0].Last)

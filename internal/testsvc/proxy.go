@@ -3,11 +3,11 @@ package testsvc
 import (
 	"bytes"
 	"context"
-	"io"
 	"net"
 	"net/url"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 )
@@ -21,12 +21,15 @@ type FaultProxy struct {
 	ln     net.Listener
 	target string
 
-	mu      sync.Mutex
-	conns   map[net.Conn]struct{}
-	refuse  bool
-	cutOn   []byte
-	cutDone chan struct{}
-	closed  bool
+	mu        sync.Mutex
+	conns     map[net.Conn]struct{}
+	refuse    bool
+	cutOn     []byte
+	cutDone   chan struct{}
+	stallOn   []byte
+	stallFor  time.Duration
+	stallDone chan struct{}
+	closed    bool
 }
 
 // Proxy starts a FaultProxy to target (host:port), stopped when the test
@@ -73,6 +76,18 @@ func (p *FaultProxy) CutWhenServerSends(pattern []byte) <-chan struct{} {
 	p.cutOn = append([]byte(nil), pattern...)
 	p.cutDone = make(chan struct{})
 	return p.cutDone
+}
+
+// StallWhenClientSends arms a one-shot fault: the first chunk from a
+// client that contains pattern, and everything that client sends after it,
+// reach the server d late (a slow network or a busy server). The returned
+// channel is closed when the stall begins.
+func (p *FaultProxy) StallWhenClientSends(pattern []byte, d time.Duration) <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.stallOn, p.stallFor = append([]byte(nil), pattern...), d
+	p.stallDone = make(chan struct{})
+	return p.stallDone
 }
 
 // Close stops the proxy and cuts its connections.
@@ -130,9 +145,37 @@ func (p *FaultProxy) serve(client net.Conn) {
 		p.untrack(client, server)
 	}()
 	done := make(chan struct{}, 2)
-	go func() { _, _ = io.Copy(server, client); done <- struct{}{} }()
+	go func() { p.fromClient(client, server); done <- struct{}{} }()
 	go func() { p.fromServer(client, server); done <- struct{}{} }()
 	<-done
+}
+
+// fromClient copies client -> server, watching for the armed stall.
+func (p *FaultProxy) fromClient(client, server net.Conn) {
+	buf := make([]byte, 32*1024)
+	for {
+		n, err := client.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			stall := p.stallOn != nil && bytes.Contains(buf[:n], p.stallOn)
+			var began chan struct{}
+			var d time.Duration
+			if stall {
+				p.stallOn, began, d = nil, p.stallDone, p.stallFor
+			}
+			p.mu.Unlock()
+			if stall {
+				close(began)
+				time.Sleep(d)
+			}
+			if _, werr := server.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
 }
 
 // fromServer copies server -> client, watching for the armed pattern.
