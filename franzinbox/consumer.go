@@ -188,6 +188,7 @@ type part struct {
 	cancel   context.CancelFunc // cancels ctx: rolls the attempts back
 	lanes    map[int]*lane      // by key bucket; -1: the partition's own
 	wg       sync.WaitGroup     // lane goroutines
+	ended    bool               // revoked or lost, and forgotten; guarded by session.mu
 }
 
 // lane is the queue of messages that run in order. Fields other than more
@@ -494,7 +495,7 @@ func (s *session) inSlot(p *part, f func(wait func(context.Context, time.Duratio
 // handle runs one message to its end: done, dead-lettered, or stopped.
 func (s *session) handle(p *part, m *consumer.Message) {
 	s.inSlot(p, func(wait func(context.Context, time.Duration) error) {
-		s.settle(m, s.c.proc.ProcessWithRetry(p.ctx, m, wait))
+		s.settle(p, m, s.c.proc.ProcessWithRetry(p.ctx, m, wait))
 	})
 }
 
@@ -510,7 +511,7 @@ func (s *session) handleBatch(p *part, events []*consumer.Message) {
 			ds := s.c.proc.ProcessRun(p.ctx, events, consumer.RunLimits{MaxTime: s.c.cfg.BatchMaxTime, Stop: p.stopping.Done()})
 			for i, d := range ds {
 				d = s.c.proc.Retry(p.ctx, events[i], d, wait)
-				s.settle(events[i], d)
+				s.settle(p, events[i], d)
 				if d.Action != consumer.Ack {
 					return // stopped: this one and the rest stay pending
 				}
@@ -521,10 +522,30 @@ func (s *session) handleBatch(p *part, events []*consumer.Message) {
 }
 
 // settle marks an acked message done for the commit watermark. A stopped
-// one stays pending: its offset is never committed by this member.
-func (s *session) settle(m *consumer.Message, d consumer.Decision) {
-	if d.Action == consumer.Ack {
+// one stays pending: its offset is never committed by this member. So
+// does a message of an assignment that ended (p.ended): a handler left
+// running after a revoke must not mark an offset done in a later
+// assignment of the partition, whose tracking restarted below it, or the
+// watermark would pass messages not yet run.
+func (s *session) settle(p *part, m *consumer.Message, d consumer.Decision) {
+	if d.Action != consumer.Ack {
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if !p.ended {
 		s.tr.Done(topicPartition{m.Topic, int32(m.Partition)}, m.Offset)
+	}
+}
+
+// ended marks the parts of an assignment that ended, once the tracker has
+// forgotten their partitions (before the partitions can be assigned again:
+// the revoke callback has not returned yet).
+func (s *session) ended(ps []*part) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, p := range ps {
+		p.ended = true
 	}
 }
 
@@ -554,8 +575,10 @@ func (s *session) settle(m *consumer.Message, d consumer.Decision) {
 // ignores a forgotten partition), cancels their attempts in flight at
 // once (rolled back, they come again to the new owner, which would
 // otherwise get InFlight until they end) and waits for them to return:
-// the member rejoins only after the callback returns, and none of its old
-// attempts may then still run.
+// the member rejoins only after the callback returns. An old attempt that
+// ignores its cancellation may still run then: what it settles is not
+// recorded (settle), so the partition's next assignment here commits only
+// what that assignment ran.
 func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[string][]int32) {
 	return func(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
 		gone := map[topicPartition]bool{}
@@ -590,6 +613,7 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 		}
 		if !commit {
 			s.forget(gone)
+			s.ended(ps)
 			for _, p := range ps {
 				p.cancel()
 			}
@@ -629,6 +653,7 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 		ctx, cancel := context.WithTimeout(context.Background(), budget/4)
 		s.commitAndForget(ctx, cl, gone)
 		cancel()
+		s.ended(ps)
 	}
 }
 

@@ -60,20 +60,24 @@ type ReplayConfig struct {
 // a replay gets single messages from the stream (JetStream's
 // $JS.API.STREAM.MSG.GET) to tell a stalled read from the end.
 type ReplaySource struct {
-	cfg    ReplayConfig
-	st     jetstream.Stream
-	cons   jetstream.Consumer
-	batch  jetstream.MessageBatch // the fetch being read; nil between fetches
-	got    int                    // messages batch gave so far
-	next   uint64                 // the lowest sequence not read yet
-	endSeq uint64
-	done   bool
+	cfg      ReplayConfig
+	js       jetstream.JetStream
+	st       jetstream.Stream
+	cons     jetstream.Consumer
+	batch    jetstream.MessageBatch // the fetch being read; nil between fetches
+	got      int                    // messages batch gave so far
+	single   bool                   // the next fetch asks for one message, with no byte limit
+	maxBytes int                    // a fetch's byte limit: replayBatchBytes
+	next     uint64                 // the lowest sequence not read yet
+	endSeq   uint64
+	done     bool
 }
 
 // One fetch of a replay asks for up to replayBatch messages and
-// replayBatchBytes bytes (the largest payload a server may allow, so that
-// any message fits). An ordered consumer is recreated at each fetch:
-// fetching one message at a time cost a consumer per message.
+// replayBatchBytes bytes. An ordered consumer is recreated at each fetch:
+// fetching one message at a time cost a consumer per message. A message
+// larger than replayBatchBytes (a server may allow that) makes a fetch end
+// empty: the replay then fetches the next message alone, with no limit.
 const (
 	replayBatch      = 1000
 	replayBatchBytes = 64 << 20
@@ -105,15 +109,10 @@ func NewReplaySource(ctx context.Context, cfg ReplayConfig) (*ReplaySource, erro
 	}
 	// By sequence, also from a time (resolved above): the check of what
 	// remains (remains) needs the first sequence.
-	oc := jetstream.OrderedConsumerConfig{FilterSubjects: cfg.FilterSubjects, DeliverPolicy: jetstream.DeliverAllPolicy}
-	if start > 1 {
-		oc.DeliverPolicy, oc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, start
-	}
-	cons, err := js.OrderedConsumer(ctx, cfg.Stream, oc)
-	if err != nil {
+	s := &ReplaySource{cfg: cfg, js: js, st: st, next: start, endSeq: info.State.LastSeq, maxBytes: replayBatchBytes}
+	if err := s.openConsumer(ctx); err != nil {
 		return nil, err
 	}
-	s := &ReplaySource{cfg: cfg, st: st, cons: cons, next: start, endSeq: info.State.LastSeq}
 	if info.State.Msgs == 0 {
 		s.done = true
 	} else if more, err := s.remains(ctx); err != nil {
@@ -122,6 +121,22 @@ func NewReplaySource(ctx context.Context, cfg ReplayConfig) (*ReplaySource, erro
 		s.done = true
 	}
 	return s, nil
+}
+
+// openConsumer starts the replay's ordered consumer at s.next. Until it
+// succeeds, the replay has none (the next read tries again).
+func (s *ReplaySource) openConsumer(ctx context.Context) error {
+	s.cons, s.batch = nil, nil
+	oc := jetstream.OrderedConsumerConfig{FilterSubjects: s.cfg.FilterSubjects, DeliverPolicy: jetstream.DeliverAllPolicy}
+	if s.next > 1 {
+		oc.DeliverPolicy, oc.OptStartSeq = jetstream.DeliverByStartSequencePolicy, s.next
+	}
+	cons, err := s.js.OrderedConsumer(ctx, s.cfg.Stream, oc)
+	if err != nil {
+		return err
+	}
+	s.cons, s.batch = cons, nil
+	return nil
 }
 
 // seqAtTime returns the first sequence of st stored at or after t (the
@@ -191,6 +206,10 @@ func (s *ReplaySource) Next(ctx context.Context) (*consumer.Message, error) {
 				return nil, io.EOF
 			case err != nil && !s.transient(ctx, err):
 				return nil, fmt.Errorf("justonce natsinbox: replay stream %q after sequence %d: %w", s.cfg.Stream, s.next-1, err)
+			case err == nil:
+				// Messages remain: the next one may be larger than a
+				// fetch's byte limit.
+				s.single = true
 			}
 			retry++
 			if err := s.pause(ctx, retry); err != nil {
@@ -208,11 +227,25 @@ func (s *ReplaySource) Next(ctx context.Context) (*consumer.Message, error) {
 			}
 			continue
 		}
-		retry = 0
 		md, err := m.Metadata()
 		if err != nil {
 			return nil, err
 		}
+		if md.Sequence.Consumer != uint64(s.got) {
+			// A fetch's consumer delivers from 1 on: messages were lost
+			// on the way (a connection that failed while the server
+			// delivered). Read again from the first one not read.
+			if err := s.openConsumer(ctx); err != nil && !s.transient(ctx, err) {
+				return nil, err
+			}
+			retry++
+			if err := s.pause(ctx, retry); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		retry = 0
+		s.single = false
 		seq := md.Sequence.Stream
 		if seq > s.endSeq {
 			s.done = true
@@ -238,7 +271,18 @@ func (s *ReplaySource) Next(ctx context.Context) (*consumer.Message, error) {
 func (s *ReplaySource) read(ctx context.Context) (jetstream.Msg, error) {
 	for {
 		if s.batch == nil {
-			b, err := s.cons.Fetch(replayBatch, jetstream.FetchMaxWait(s.cfg.FetchWait), jetstream.FetchMaxBytes(replayBatchBytes))
+			if s.cons == nil {
+				if err := s.openConsumer(ctx); err != nil {
+					return nil, err
+				}
+			}
+			var b jetstream.MessageBatch
+			var err error
+			if s.single {
+				b, err = s.cons.Fetch(1, jetstream.FetchMaxWait(s.cfg.FetchWait))
+			} else {
+				b, err = s.cons.Fetch(replayBatch, jetstream.FetchMaxWait(s.cfg.FetchWait), jetstream.FetchMaxBytes(s.maxBytes))
+			}
 			if err != nil {
 				return nil, err
 			}

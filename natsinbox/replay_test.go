@@ -1,9 +1,11 @@
 package natsinbox
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -207,6 +209,42 @@ func TestReplayReadsOnAfterAStall(t *testing.T) {
 	require.EqualValues(t, total, rep.Total.Ran)
 	require.EqualValues(t, total, rep.Partitions[0].Last)
 	require.Equal(t, total, fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`))
+}
+
+// A message larger than a fetch's byte limit (a server may allow payloads
+// over the replay's limit) is read all the same, alone, and the replay
+// goes on in batches.
+func TestReplayReadsAMessageLargerThanAFetch(t *testing.T) {
+	t.Parallel()
+	e := newEnv(t)
+	subject := testsvc.Unique("replaybig")
+	stream := e.stream(t, subject, 0)
+	big := bytes.Repeat([]byte("x"), 64<<10)
+	for i := 0; i < 6; i++ {
+		v := []byte("small")
+		if i == 2 {
+			v = big
+		}
+		e.publish(t, subject, fmt.Sprintf("e-%d", i), v)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	src, err := NewReplaySource(ctx, ReplayConfig{Conn: e.nc, Stream: stream, FetchWait: 300 * time.Millisecond})
+	require.NoError(t, err)
+	src.maxBytes = 16 << 10 // below the big message
+	var got []int64
+	for {
+		m, err := src.Next(ctx)
+		if errors.Is(err, io.EOF) {
+			break
+		}
+		require.NoError(t, err)
+		got = append(got, m.Offset)
+		if m.Offset == 3 {
+			require.Len(t, m.Value, len(big))
+		}
+	}
+	require.Equal(t, []int64{1, 2, 3, 4, 5, 6}, got)
 }
 
 // From a time: the first message stored at or after it, to the end.
