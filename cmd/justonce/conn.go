@@ -139,31 +139,38 @@ func (r *redisFlags) open(ctx context.Context) (*inbox.RedisConfig, error) {
 	return &inbox.RedisConfig{Client: c, Prefix: r.prefix, Timeout: 5 * time.Second}, nil
 }
 
-// invalidateOthers deletes k's cached result and lock under the default
-// prefix the ledger did not use, after the ledger invalidated its own.
+// otherPrefix is the default prefix the ledger does not use, whose
+// entries a release drops too, or "" when --redis-prefix names the prefix.
 // Which default an application has depends on whether it names its schema
 // in inbox.Config.Schema ("justonce:<schema>:") or reaches it through
 // search_path ("justonce:"); the tool cannot know, so it drops both. A
-// deleted entry is always safe: Postgres answers instead. Nothing to do
-// when --redis-prefix names the prefix.
-func (r *redisFlags) invalidateOthers(ctx context.Context, l *inbox.Ledger, schema string, k inbox.Key) error {
+// deleted entry is always safe: Postgres answers instead.
+func (r *redisFlags) otherPrefix(ctx context.Context, l *inbox.Ledger, schema string) (string, error) {
 	if r.prefix != "" || r.client == nil {
+		return "", nil
+	}
+	if schema != "" {
+		return "justonce:", nil
+	}
+	// The ledger uses "justonce:"; the other is named after the schema
+	// search_path finds the table in.
+	if err := l.Pool().QueryRow(ctx, `SELECT coalesce((SELECT n.nspname FROM pg_class c
+		JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('processed_events')), '')`).Scan(&schema); err != nil {
+		return "", fmt.Errorf("finding the ledger's schema: %w", err)
+	}
+	if schema == "" {
+		return "", nil
+	}
+	return "justonce:" + schema + ":", nil
+}
+
+// invalidate deletes k's cached result and lock under prefix, after the
+// row changed: the caller's cancellation does not stop it.
+func (r *redisFlags) invalidate(ctx context.Context, prefix string, k inbox.Key) error {
+	if prefix == "" {
 		return nil
 	}
-	other := "justonce:"
-	if schema == "" {
-		// The ledger used "justonce:"; the other is named after the schema
-		// search_path finds the table in.
-		if err := l.Pool().QueryRow(ctx, `SELECT coalesce((SELECT n.nspname FROM pg_class c
-			JOIN pg_namespace n ON n.oid = c.relnamespace WHERE c.oid = to_regclass('processed_events')), '')`).Scan(&schema); err != nil {
-			return fmt.Errorf("finding the ledger's schema: %w", err)
-		}
-		if schema == "" {
-			return nil
-		}
-		other = "justonce:" + schema + ":"
-	}
-	res, lock := ledgerkey.RedisKeys(other, k.Scope, k.Tenant, k.ID)
+	res, lock := ledgerkey.RedisKeys(prefix, k.Scope, k.Tenant, k.ID)
 	ctx = context.WithoutCancel(ctx)
 	var err error
 	for try := range 3 {

@@ -386,6 +386,10 @@ func ledgerRelease(f *flags) runFunc {
 		case !errors.Is(err, inbox.ErrNotFound):
 			return err
 		}
+		other, err := rc.otherPrefix(ctx, l, db.schema)
+		if err != nil {
+			return err
+		}
 		// Without --force the check is made again by the DELETE itself: a
 		// key that completed (or was leased again) since the look-up stays.
 		release := l.ReleaseStuck
@@ -394,7 +398,7 @@ func ledgerRelease(f *flags) runFunc {
 		}
 		ok, rerr := release(ctx, k)
 		if errors.Is(rerr, inbox.ErrNotStuck) {
-			return usageErrorf("key %s was changed by another process while this command ran (it is done now, or leased): nothing released; "+
+			return usageErrorf("key %s is not stuck: it is done, or a lease on it still runs (its row may have expired meanwhile): nothing released; "+
 				"pass --force to release it all the same", keyText(k, false))
 		}
 		out := releaseJSON{Scope: k.Scope, Tenant: k.Tenant, ID: inbox.Mask(k.ID), IDMasked: true, Released: ok, Was: was, Cache: cacheNotChecked}
@@ -409,7 +413,7 @@ func ledgerRelease(f *flags) runFunc {
 			// The row changed (or, when Postgres failed, may have): drop
 			// the key from the cache under the other default prefix too,
 			// as the ledger did under its own.
-			if err := rc.invalidateOthers(ctx, l, db.schema, k); err != nil && rerr == nil {
+			if err := rc.invalidate(ctx, other, k); err != nil && rerr == nil {
 				rerr = &inbox.CacheError{Op: "release", Key: k, Stale: true, Err: err}
 			}
 		}
