@@ -73,7 +73,8 @@
 //     that it does not hold the group's rebalance: its message is not
 //     committed, and its next run waits for the key's lock and then finds
 //     the key done (if the handler returned success, its transaction still
-//     commits) or runs it. Run returns only after such handlers have.
+//     commits) or runs it. It holds its Concurrency slot until it returns,
+//     and Run returns only after it has.
 //     Partitions lost
 //     rather than revoked (this member was dropped from the group) are
 //     forgotten at once: nothing more of them is committed, and their
