@@ -1208,3 +1208,52 @@ func TestBucketsDoEachTakeoversAcrossABucketOpening(t *testing.T) {
 	require.Equal(t, 2, b.pg.Count(t, `SELECT count(*) FROM processed_events`), "one row per key")
 	require.Greater(t, bucketOf(t, b, ids[1]), bucketOf(t, b, ids[0]), "the second key moved into the new bucket")
 }
+
+// A release waiting for a row that a takeover moves to a newer bucket is
+// answered on the row where it went (Postgres refuses the first delete
+// with a serialization failure): here the takeover's lease runs, so the
+// key is not stuck.
+func TestBucketsReleaseRacesATakeover(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Minute, time.Minute)
+	ctx := context.Background()
+	r := req("orders", "stuck")
+	lease, _, err := b.ledger.AcquireLease(ctx, r, 50*time.Millisecond)
+	require.NoError(t, err)
+	require.NotNil(t, lease)
+	old := bucketOf(t, b, "stuck")
+	openNext(t, b)
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = 'stuck' AND lease_until <= now()`) == 1
+	}, "the lease ran out")
+
+	// A takeover, as the claim makes one: the row moves to the shard's
+	// newest bucket, under a new lease.
+	tx, err := b.pg.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer tx.Rollback(ctx) //nolint:errcheck
+	_, err = tx.Exec(ctx, `UPDATE processed_events SET lease_until = now() + interval '1 hour', fencing_token = fencing_token + 1,
+		bucket = (SELECT max(n.id) FROM processed_events_buckets n, processed_events_buckets o WHERE o.id = $1 AND n.shard = o.shard)
+		WHERE event_id = 'stuck'`, old)
+	require.NoError(t, err)
+	var xid string
+	require.NoError(t, tx.QueryRow(ctx, `SELECT pg_current_xact_id()::text`).Scan(&xid))
+
+	released := make(chan error, 1)
+	go func() {
+		_, err := b.ledger.ReleaseStuck(ctx, r.Key)
+		released <- err
+	}()
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM pg_locks WHERE NOT granted AND locktype = 'transactionid' AND transactionid::text = $1`, xid) > 0
+	}, "the release waits for the takeover")
+	require.NoError(t, tx.Commit(ctx))
+	require.NotEqual(t, old, bucketOf(t, b, "stuck"), "the row moved")
+	select {
+	case err := <-released:
+		require.ErrorIs(t, err, inbox.ErrNotStuck)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the release did not return")
+	}
+	require.ErrorIs(t, lease.Complete(ctx, inbox.Result{}), inbox.ErrLeaseLost)
+}

@@ -422,16 +422,37 @@ func (s *pgStore) leaseRelease(ctx context.Context, q querier, k Key, token int6
 	return tag.RowsAffected() == 1, err
 }
 
-func (s *pgStore) release(ctx context.Context, q querier, k Key) (bool, error) {
-	tag, err := q.Exec(ctx, s.releaseSQL, k.Scope, k.Tenant, k.ID)
-	return tag.RowsAffected() == 1, err
+func (s *pgStore) release(ctx context.Context, q querier, k Key) (ok bool, err error) {
+	err = retryMoved(func() error {
+		tag, err := q.Exec(ctx, s.releaseSQL, k.Scope, k.Tenant, k.ID)
+		ok = tag.RowsAffected() == 1
+		return err
+	})
+	return ok, err
 }
 
 // releaseStuck deletes k's row if it is stuck; live reports a row that
 // was not (done, or under a lease that still runs).
 func (s *pgStore) releaseStuck(ctx context.Context, q querier, k Key) (deleted, live bool, err error) {
-	err = q.QueryRow(ctx, s.releaseStuckSQL, k.Scope, k.Tenant, k.ID).Scan(&deleted, &live)
+	err = retryMoved(func() error {
+		return q.QueryRow(ctx, s.releaseStuckSQL, k.Scope, k.Tenant, k.ID).Scan(&deleted, &live)
+	})
 	return deleted, live && !deleted, err
+}
+
+// retryMoved runs a statement outside a transaction again when Postgres
+// refused it because the row it waited for was moved to another partition
+// (SQLSTATE 40001: on the time-bucket layout, a takeover moves a row to a
+// newer bucket). Run again, it finds the row where it went.
+func retryMoved(f func() error) error {
+	var err error
+	for range 3 {
+		var pgErr *pgconn.PgError
+		if err = f(); !errors.As(err, &pgErr) || pgErr.Code != "40001" {
+			return err
+		}
+	}
+	return err
 }
 
 func (s *pgStore) fail(ctx context.Context, q querier, r Request, attempts int, msg string, ttl time.Duration) (bool, error) {
