@@ -318,20 +318,41 @@ func (r *Relay) round(ctx context.Context) (worked bool, next time.Time, err err
 	return anyWork, next, firstEr
 }
 
+// planIndexOnly steers the planner of the transaction's later statements
+// to outbox_pending_idx (sequential and bitmap scans off): without it, a
+// table whose statistics predate its backlog (a fresh table, or one
+// analyzed while nearly empty) gets a bitmap scan of every pending row of
+// a lane, sorted, for each batch, and of the whole table for each probe
+// of pendingLanes (tens of milliseconds per round at 20,000 pending
+// rows, the relay's time growing with the square of its backlog).
+const planIndexOnly = `SELECT set_config('enable_seqscan', 'off', true) IS NOT NULL AND set_config('enable_bitmapscan', 'off', true) IS NOT NULL`
+
 // pendingLanes lists the lanes with pending messages (a loose index scan
-// of outbox_pending_idx: one probe per lane).
+// of outbox_pending_idx: one probe per lane), in one round trip.
 func (r *Relay) pendingLanes(ctx context.Context) ([]int, error) {
 	t := r.o.table
-	rows, err := r.o.pool.Query(ctx, `WITH RECURSIVE l(lane) AS (
+	b := &pgx.Batch{}
+	b.Queue(`BEGIN READ ONLY`)
+	b.Queue(planIndexOnly)
+	lanes := b.Queue(`WITH RECURSIVE l(lane) AS (
     (SELECT lane FROM `+t+` WHERE status = 'pending' AND broker = ANY($1) ORDER BY lane LIMIT 1)
     UNION ALL
     SELECT (SELECT o.lane FROM `+t+` o WHERE o.status = 'pending' AND o.broker = ANY($1) AND o.lane > l.lane ORDER BY o.lane LIMIT 1)
     FROM l WHERE l.lane IS NOT NULL
 ) SELECT lane FROM l WHERE lane IS NOT NULL`, r.brokers)
-	if err != nil {
+	b.Queue(`COMMIT`)
+	var out []int
+	lanes.Query(func(rows pgx.Rows) error {
+		var err error
+		out, err = pgx.CollectRows(rows, pgx.RowTo[int])
+		return err
+	})
+	// A failure leaves the connection in the transaction: the pool
+	// closes it rather than take it back.
+	if err := r.o.pool.SendBatch(ctx, b).Close(); err != nil {
 		return nil, fmt.Errorf("justonce/outbox: pending lanes: %w", err)
 	}
-	return pgx.CollectRows(rows, pgx.RowTo[int])
+	return out, nil
 }
 
 // drainLane publishes a lane's batches until it is empty, another relay
@@ -370,28 +391,50 @@ func (r *Relay) batch(ctx context.Context, lane int) (n int, full bool, err erro
 		return 0, false, fmt.Errorf("justonce/outbox: acquire: %w", err)
 	}
 	defer conn.Release()
-	tx, err := conn.Begin(bctx)
-	if err != nil {
-		return 0, false, fmt.Errorf("justonce/outbox: begin: %w", err)
+	// The transaction is opened by a statement of its own, sent with the
+	// lock and the load: a batch costs three round trips (begin, lock and
+	// load; record; commit) besides the publishing, where it cost five. A batch left behind open (a failure, a lane another
+	// relay holds) is rolled back here; a connection that cannot be is
+	// closed, and the pool drops it.
+	defer func() {
+		if conn.Conn().IsClosed() || conn.Conn().PgConn().TxStatus() == 'I' {
+			return
+		}
+		rctx, rcancel := context.WithTimeout(base, dbTimeout)
+		defer rcancel()
+		if _, err := conn.Exec(rctx, `ROLLBACK`); err != nil {
+			_ = conn.Conn().Close(rctx)
+		}
+	}()
+	var (
+		locked bool
+		msgs   []*pending
+	)
+	lb := &pgx.Batch{}
+	lb.Queue(`BEGIN`)
+	// The lock in a statement of its own: the load's snapshot then sees
+	// every batch the previous holder committed. The batch's commit does
+	// not wait for the WAL flush: a database crash may forget the last
+	// deletions, and the relay publishes those messages again, the
+	// duplicates a relay crash makes too. The load is sent with the lock
+	// and its rows ignored when another relay holds the lane.
+	lb.Queue(`SELECT set_config('synchronous_commit', 'off', true) IS NOT NULL AND pg_try_advisory_xact_lock(hashtextextended($1, 0))`, r.lockKey(lane)).
+		QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
+	lb.Queue(planIndexOnly)
+	lb.Queue(`SELECT seq, id, broker, topic, key, headers, value FROM `+r.o.table+`
+WHERE lane = $1 AND status = 'pending' AND broker = ANY($3) ORDER BY seq LIMIT $2`, lane, r.cfg.BatchSize, r.brokers).
+		Query(func(rows pgx.Rows) error {
+			if !locked {
+				return nil
+			}
+			var err error
+			msgs, err = scanPending(rows)
+			return err
+		})
+	if err := conn.SendBatch(bctx, lb).Close(); err != nil {
+		return 0, false, fmt.Errorf("justonce/outbox: lock and load lane %d: %w", lane, err)
 	}
-	defer func() { _ = tx.Rollback(context.WithoutCancel(ctx)) }()
-	var locked bool
-	// The lock in a statement of its own: the next statement's snapshot
-	// then sees every batch the previous holder committed. The batch's
-	// commit does not wait for the WAL flush: a database crash may forget
-	// the last deletions, and the relay publishes those messages again,
-	// the duplicates a relay crash makes too.
-	if err := tx.QueryRow(bctx, `SELECT set_config('synchronous_commit', 'off', true) IS NOT NULL AND pg_try_advisory_xact_lock(hashtextextended($1, 0))`, r.lockKey(lane)).Scan(&locked); err != nil {
-		return 0, false, fmt.Errorf("justonce/outbox: lane lock: %w", err)
-	}
-	if !locked {
-		return 0, false, nil
-	}
-	msgs, err := r.load(bctx, tx, lane)
-	if err != nil {
-		return 0, false, err
-	}
-	if len(msgs) == 0 {
+	if !locked || len(msgs) == 0 {
 		return 0, false, nil
 	}
 	var kmsgs, nmsgs []*pending
@@ -485,10 +528,16 @@ FROM unnest($1::bigint[], $2::text[]) AS f(seq, err) WHERE o.seq = f.seq`, failS
 		b.Queue(`UPDATE `+r.o.table+` o SET error = f.err, attempts = o.attempts + 1
 FROM unnest($1::bigint[], $2::text[]) AS f(seq, err) WHERE o.seq = f.seq`, retrySeq, retryErr)
 	}
-	if err := tx.SendBatch(bctx, b).Close(); err != nil {
+	if err := conn.SendBatch(bctx, b).Close(); err != nil {
 		return 0, false, fmt.Errorf("justonce/outbox: record batch: %w", err)
 	}
-	if err := tx.Commit(bctx); err != nil {
+	// The commit in a round trip of its own, once the deletions are done:
+	// a relay that dies before it leaves the batch to be published again,
+	// where a commit queued behind them would be run by the server anyway.
+	if ct, err := conn.Exec(bctx, `COMMIT`); err != nil || ct.String() != "COMMIT" {
+		if err == nil {
+			err = fmt.Errorf("rolled back (%s)", ct)
+		}
 		// Published, not recorded: the next holder of the lane publishes
 		// them again (downstream dedupes on the ID).
 		return 0, false, fmt.Errorf("justonce/outbox: commit batch: %w", err)
@@ -530,13 +579,9 @@ FROM unnest($1::bigint[], $2::text[]) AS f(seq, err) WHERE o.seq = f.seq`, retry
 	return len(msgs), len(msgs) == r.cfg.BatchSize, nil
 }
 
-// load reads the lane's oldest pending messages, in order.
-func (r *Relay) load(ctx context.Context, tx pgx.Tx, lane int) ([]*pending, error) {
-	rows, err := tx.Query(ctx, `SELECT seq, id, broker, topic, key, headers, value FROM `+r.o.table+`
-WHERE lane = $1 AND status = 'pending' AND broker = ANY($3) ORDER BY seq LIMIT $2`, lane, r.cfg.BatchSize, r.brokers)
-	if err != nil {
-		return nil, fmt.Errorf("justonce/outbox: load: %w", err)
-	}
+// scanPending reads the rows of the load: the lane's oldest pending
+// messages, in order.
+func scanPending(rows pgx.Rows) ([]*pending, error) {
 	defer rows.Close()
 	var out []*pending
 	for rows.Next() {

@@ -337,3 +337,46 @@ func TestRelaysPerBroker(t *testing.T) {
 	require.Len(t, ns.streamMessages(t, stream), 20)
 	require.Zero(t, foreign.Load(), "a relay touched the other broker's messages")
 }
+
+// A relay leaves alone a lane whose lock another relay holds (it reads
+// the lane along with its try for the lock, and drops what it read), ends
+// each such transaction, and publishes the lane once the lock is free.
+func TestRelaySkipsALaneAnotherHolds(t *testing.T) {
+	t.Parallel()
+	fx := newFixture(t, 1)
+	topic := newTopic(t, fx.brokers, 1)
+	ctx := context.Background()
+	holder, err := fx.pg.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = holder.Rollback(ctx) }()
+	var holderPID int
+	require.NoError(t, holder.QueryRow(ctx, `SELECT pg_backend_pid()`).Scan(&holderPID))
+	_, err = holder.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended('justonce.outbox:' || $1::text || ':0', 0))`, fx.pg.Schema)
+	require.NoError(t, err)
+
+	for i := range 3 {
+		fx.add(t, outbox.Message{Broker: outbox.Kafka, Topic: topic, Key: []byte("k"), Value: []byte(strconv.Itoa(i))})
+	}
+	var published atomic.Int64
+	fx.relay(t, outbox.RelayConfig{Kafka: fx.writer(t), PollInterval: 20 * time.Millisecond, Hooks: outbox.RelayHooks{
+		OnPublished: func(_ outbox.Broker, _, n int) { published.Add(int64(n)) },
+	}})
+	testsvc.Eventually(t, 30*time.Second, func() bool {
+		return fx.pg.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND pid <> $2
+			AND query = 'ROLLBACK' AND state = 'idle'`, fx.pg.Schema, holderPID) > 0
+	}, "the relay tried the held lane and ended its transaction")
+	require.Zero(t, published.Load(), "published from a lane another relay holds")
+	st, err := fx.ob.Stats(ctx)
+	require.NoError(t, err)
+	require.EqualValues(t, 3, st.Pending)
+	require.Zero(t, fx.pg.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND pid <> $2 AND state LIKE 'idle in transaction%'`, fx.pg.Schema, holderPID),
+		"a relay left its transaction open")
+
+	require.NoError(t, holder.Rollback(ctx))
+	testsvc.Eventually(t, 30*time.Second, func() bool { return published.Load() == 3 }, "lane published once free")
+	msgs := allMessages(readTopic(t, fx.brokers, topic))
+	require.Len(t, msgs, 3)
+	for i, m := range msgs {
+		require.Equal(t, strconv.Itoa(i), string(m.Value))
+	}
+}
