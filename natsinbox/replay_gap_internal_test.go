@@ -19,9 +19,9 @@ type fakeMsg struct {
 }
 
 func (m fakeMsg) Metadata() (*jetstream.MsgMetadata, error) { return &m.md, nil }
-func (m fakeMsg) Headers() nats.Header                     { return nats.Header{} }
-func (m fakeMsg) Subject() string                          { return "orders" }
-func (m fakeMsg) Data() []byte                             { return nil }
+func (m fakeMsg) Headers() nats.Header                      { return nats.Header{} }
+func (m fakeMsg) Subject() string                           { return "orders" }
+func (m fakeMsg) Data() []byte                              { return nil }
 
 type fakeBatch struct{ ch chan jetstream.Msg }
 

@@ -324,7 +324,8 @@ func (r *Relay) round(ctx context.Context) (worked bool, next time.Time, err err
 // analyzed while nearly empty) gets a bitmap scan of every pending row of
 // a lane, sorted, for each batch, and of the whole table for each probe
 // of pendingLanes (tens of milliseconds per round at 20,000 pending
-// rows, the relay's time growing with the square of its backlog).
+// rows, the relay's time growing with the square of its backlog). The
+// batch's record statements, planned under it too, go by primary key.
 const planIndexOnly = `SELECT set_config('enable_seqscan', 'off', true) IS NOT NULL AND set_config('enable_bitmapscan', 'off', true) IS NOT NULL`
 
 // pendingLanes lists the lanes with pending messages (a loose index scan
@@ -393,9 +394,10 @@ func (r *Relay) batch(ctx context.Context, lane int) (n int, full bool, err erro
 	defer conn.Release()
 	// The transaction is opened by a statement of its own, sent with the
 	// lock and the load: a batch costs three round trips (begin, lock and
-	// load; record; commit) besides the publishing, where it cost five. A batch left behind open (a failure, a lane another
-	// relay holds) is rolled back here; a connection that cannot be is
-	// closed, and the pool drops it.
+	// load; record; commit) besides the publishing, where it cost five. A
+	// batch left behind open (a failure, a lane another relay holds) is
+	// rolled back here; a connection that cannot be is closed, and the
+	// pool drops it.
 	defer func() {
 		if conn.Conn().IsClosed() || conn.Conn().PgConn().TxStatus() == 'I' {
 			return
@@ -416,13 +418,16 @@ func (r *Relay) batch(ctx context.Context, lane int) (n int, full bool, err erro
 	// every batch the previous holder committed. The batch's commit does
 	// not wait for the WAL flush: a database crash may forget the last
 	// deletions, and the relay publishes those messages again, the
-	// duplicates a relay crash makes too. The load is sent with the lock
-	// and its rows ignored when another relay holds the lane.
-	lb.Queue(`SELECT set_config('synchronous_commit', 'off', true) IS NOT NULL AND pg_try_advisory_xact_lock(hashtextextended($1, 0))`, r.lockKey(lane)).
+	// duplicates a relay crash makes too. The load is sent with the lock,
+	// and reads nothing when another relay holds the lane (the lock's
+	// result is kept in a setting of the transaction).
+	lb.Queue(`SELECT set_config('synchronous_commit', 'off', true) IS NOT NULL
+	AND set_config('justonce.lane_locked', pg_try_advisory_xact_lock(hashtextextended($1, 0))::text, true)::bool`, r.lockKey(lane)).
 		QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
 	lb.Queue(planIndexOnly)
 	lb.Queue(`SELECT seq, id, broker, topic, key, headers, value FROM `+r.o.table+`
-WHERE lane = $1 AND status = 'pending' AND broker = ANY($3) ORDER BY seq LIMIT $2`, lane, r.cfg.BatchSize, r.brokers).
+WHERE lane = $1 AND status = 'pending' AND broker = ANY($3) AND current_setting('justonce.lane_locked')::bool
+ORDER BY seq LIMIT $2`, lane, r.cfg.BatchSize, r.brokers).
 		Query(func(rows pgx.Rows) error {
 			if !locked {
 				return nil
@@ -531,9 +536,9 @@ FROM unnest($1::bigint[], $2::text[]) AS f(seq, err) WHERE o.seq = f.seq`, retry
 	if err := conn.SendBatch(bctx, b).Close(); err != nil {
 		return 0, false, fmt.Errorf("justonce/outbox: record batch: %w", err)
 	}
-	// The commit in a round trip of its own, once the deletions are done:
-	// a relay that dies before it leaves the batch to be published again,
-	// where a commit queued behind them would be run by the server anyway.
+	// The commit in a round trip of its own, once the deletions are done
+	// (queued behind them, it would save a round trip; a relay that died
+	// meanwhile would then still commit what it published).
 	if ct, err := conn.Exec(bctx, `COMMIT`); err != nil || ct.String() != "COMMIT" {
 		if err == nil {
 			err = fmt.Errorf("rolled back (%s)", ct)
