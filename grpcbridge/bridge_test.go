@@ -254,7 +254,14 @@ func TestStoreUnavailable(t *testing.T) {
 
 	proxy.Refuse(false)
 	e.svc.started, e.svc.release = nil, nil
-	o, err := e.client.CreateOrder(ctx, req)
+	// The cut session's backend may not have ended yet, its lock on the
+	// key with it: the retry is answered Aborted (in flight) until then,
+	// as a client retrying after RetryInfo would see.
+	var o *testpb.Order
+	testsvc.Eventually(t, 30*time.Second, func() bool {
+		o, err = e.client.CreateOrder(ctx, req)
+		return status.Code(err) != codes.Aborted
+	}, "the cut session's lock is gone")
 	require.NoError(t, err)
 	require.NotZero(t, o.GetId())
 	_, err = e.client.CreateOrder(ctx, req)

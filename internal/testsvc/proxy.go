@@ -150,54 +150,57 @@ func (p *FaultProxy) serve(client net.Conn) {
 	<-done
 }
 
-// fromClient copies client -> server, watching for the armed stall.
+// fromClient copies client -> server; the armed stall holds the chunk
+// that carries its pattern, and what follows, for its time.
 func (p *FaultProxy) fromClient(client, server net.Conn) {
-	buf := make([]byte, 32*1024)
-	for {
-		n, err := client.Read(buf)
-		if n > 0 {
-			p.mu.Lock()
-			stall := p.stallOn != nil && bytes.Contains(buf[:n], p.stallOn)
-			var began chan struct{}
-			var d time.Duration
-			if stall {
-				p.stallOn, began, d = nil, p.stallDone, p.stallFor
-			}
-			p.mu.Unlock()
-			if stall {
-				close(began)
-				time.Sleep(d)
-			}
-			if _, werr := server.Write(buf[:n]); werr != nil {
-				return
-			}
+	pipe(client, server, func(chunk []byte) bool {
+		p.mu.Lock()
+		stall := p.stallOn != nil && bytes.Contains(chunk, p.stallOn)
+		var began chan struct{}
+		var d time.Duration
+		if stall {
+			p.stallOn, began, d = nil, p.stallDone, p.stallFor
 		}
-		if err != nil {
-			return
+		p.mu.Unlock()
+		if stall {
+			close(began)
+			time.Sleep(d)
 		}
-	}
+		return true
+	})
 }
 
-// fromServer copies server -> client, watching for the armed pattern.
+// fromServer copies server -> client; the armed cut drops the chunk that
+// carries its pattern and closes both connections.
 func (p *FaultProxy) fromServer(client, server net.Conn) {
+	pipe(server, client, func(chunk []byte) bool {
+		p.mu.Lock()
+		cut := p.cutOn != nil && bytes.Contains(chunk, p.cutOn)
+		var fired chan struct{}
+		if cut {
+			p.cutOn, fired = nil, p.cutDone
+		}
+		p.mu.Unlock()
+		if cut {
+			close(fired) // before the client can see the cut
+			_ = client.Close()
+			_ = server.Close()
+		}
+		return !cut
+	})
+}
+
+// pipe copies src to dst chunk by chunk, each passed to check first; it
+// stops when check returns false or either side fails.
+func pipe(src, dst net.Conn, check func(chunk []byte) bool) {
 	buf := make([]byte, 32*1024)
 	for {
-		n, err := server.Read(buf)
+		n, err := src.Read(buf)
 		if n > 0 {
-			p.mu.Lock()
-			cut := p.cutOn != nil && bytes.Contains(buf[:n], p.cutOn)
-			var fired chan struct{}
-			if cut {
-				p.cutOn, fired = nil, p.cutDone
-			}
-			p.mu.Unlock()
-			if cut {
-				close(fired) // before the client can see the cut
-				_ = client.Close()
-				_ = server.Close()
+			if !check(buf[:n]) {
 				return
 			}
-			if _, werr := client.Write(buf[:n]); werr != nil {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
 				return
 			}
 		}
