@@ -289,7 +289,7 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 		}
 		return row.Scan(&locked, &now)
 	})
-	queueLookup(b, st.lookup, req.Key, &ls, &found)
+	queueLookup(b, st.lookup, req.Key, ls.destAt(), &found)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		rollback(conn)
 		return Outcome{}, false, storeErr("claim", err)
@@ -309,7 +309,7 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 	var rec *Record
 	var live, leased bool
 	if found {
-		rec, live, leased = ls.record(req.Key)
+		rec, live, leased = ls.recordAt(req.Key, now)
 	}
 	switch {
 	case !locked:

@@ -1,6 +1,9 @@
 package inbox
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 func TestLockKeySeparatesParts(t *testing.T) {
 	seen := map[int64]Key{}
@@ -18,5 +21,19 @@ func TestLockKeySeparatesParts(t *testing.T) {
 	var sink int64
 	if testing.AllocsPerRun(100, func() { sink += lockKey(Key{Scope: "orders", ID: "evt-1"}) }) != 0 || sink == 0 {
 		t.Fatal("lockKey allocates")
+	}
+}
+
+// Do's look-up reads rowCols into destAt's targets, one for one, and stays
+// within the sixteen columns pgx describes without allocating (see
+// lookupAtSQL).
+func TestDoLookupColumns(t *testing.T) {
+	var r recordScan
+	cols := strings.Split(rowCols, ",")
+	if len(cols) != len(r.destAt()) || len(cols) > 16 {
+		t.Fatalf("rowCols has %d columns, destAt %d targets (at most 16)", len(cols), len(r.destAt()))
+	}
+	if n := len(strings.Split(lookupCols, ",")); n != len(r.dest()) {
+		t.Fatalf("lookupCols has %d columns, dest %d targets", n, len(r.dest()))
 	}
 }

@@ -54,7 +54,8 @@ type shardSQL struct {
 	// makes anyway.
 	lock, lockEarly string
 	nextOpen        time.Time
-	// lookup looks the key ($1, $2, $3) up in the shard's buckets.
+	// lookup looks the key ($1, $2, $3) up in the shard's buckets
+	// (rowCols: read it with recordScan's destAt and recordAt).
 	lookup string
 	// insert writes the row into the shard's newest bucket, refusing
 	// (JO001) if it is no longer the newest.
@@ -214,7 +215,7 @@ func bucketName(id int) string { return "processed_events_b" + strconv.Itoa(id) 
 // bucketViewMaxAge.
 func (s *pgStore) doStatements(ctx context.Context, q querier, k Key) (shardSQL, error) {
 	if !s.buckets {
-		return shardSQL{lock: s.lockOneSQL, lookup: s.lookupSQL, insert: s.insertDoneSQL}, nil
+		return shardSQL{lock: s.lockOneSQL, lookup: s.lookupAtSQL, insert: s.insertDoneSQL}, nil
 	}
 	v := s.view.Load()
 	if v == nil || time.Since(v.loaded) > s.viewMaxAge {
@@ -298,7 +299,7 @@ func (s *pgStore) shardStatements(ids []int32) shardSQL {
 		inShard[len(ids)-1-i] = strconv.Itoa(int(id))
 	}
 	where := `e.scope = $1 AND e.tenant = $2 AND e.event_id = $3 AND e.bucket IN (` + strings.Join(inShard, ", ") + `)`
-	st.lookup = strings.Replace(s.lookupSQL, "e.scope = $1 AND e.tenant = $2 AND e.event_id = $3", where, 1)
+	st.lookup = strings.Replace(s.lookupAtSQL, "e.scope = $1 AND e.tenant = $2 AND e.event_id = $3", where, 1)
 	bucket := `CASE WHEN ` + fresh + ` THEN ` + strconv.Itoa(newest) + ` ELSE ` +
 		s.ident("processed_events_closed") + `(` + strconv.Itoa(newest) + `) END`
 	st.insert = `INSERT INTO ` + s.ident(bucketName(newest)) + ` (scope, tenant, event_id, status, fingerprint, source, principal,

@@ -1257,3 +1257,44 @@ func TestBucketsReleaseRacesATakeover(t *testing.T) {
 	}
 	require.ErrorIs(t, lease.Complete(ctx, inbox.Result{}), inbox.ErrLeaseLost)
 }
+
+// A key whose lease holder went away (its lease lapsed, its row still
+// processing) is taken over by Do and by DoEach, and only once the lease has
+// lapsed: before that they answer InFlight.
+func TestLayoutsDoTakesOverALapsedLease(t *testing.T) {
+	t.Parallel()
+	forLayouts(t, func(t *testing.T, mc migrations.Config) {
+		b := setupLayout(t, mc, inbox.Config{})
+		ctx := context.Background()
+		for _, each := range []bool{false, true} {
+			r := req("payments", fmt.Sprintf("lapsed-%v", each))
+			held, _, err := b.ledger.AcquireLease(ctx, r, 500*time.Millisecond)
+			require.NoError(t, err)
+			require.NotNil(t, held)
+			var ran atomic.Int64
+			do := func() inbox.Outcome {
+				if !each {
+					out, err := b.ledger.Do(ctx, r, pay("p-"+r.ID, &ran))
+					require.NoError(t, err)
+					return out
+				}
+				run, err := b.ledger.DoEach(ctx, []inbox.Request{r}, inbox.EachOptions{},
+					func(ctx context.Context, tx pgx.Tx, _ int) (inbox.Result, error) {
+						return pay("p-"+r.ID, &ran)(ctx, tx)
+					})
+				require.NoError(t, err)
+				require.Len(t, run.Outcomes, 1)
+				return run.Outcomes[0]
+			}
+			require.Equal(t, inbox.InFlight, do().Disposition, "the lease runs")
+			require.Zero(t, ran.Load())
+			testsvc.Eventually(t, 10*time.Second, func() bool {
+				return b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE event_id = $1 AND lease_until < now()`, r.ID) == 1
+			}, "the lease lapses")
+			require.Equal(t, inbox.Executed, do().Disposition, "the lapsed lease is taken over")
+			require.Equal(t, int64(1), ran.Load())
+			require.ErrorIs(t, held.Complete(ctx, inbox.Result{Code: 200}), inbox.ErrLeaseLost)
+			require.Equal(t, inbox.Duplicate, do().Disposition)
+		}
+	})
+}

@@ -39,11 +39,11 @@ type pgStore struct {
 	viewMaxAge, dropGrace time.Duration
 	view                  atomic.Pointer[bucketView]
 
-	claimSQL, claimOneSQL, lookupSQL, completeSQL         string
-	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
-	releaseSQL, failSQL, purgeSQL, statsSQL, liveSQL      string
-	releaseStuckSQL                                       string
-	knownSQL                                              string
+	claimSQL, claimOneSQL, lookupSQL, lookupAtSQL, completeSQL string
+	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL      string
+	releaseSQL, failSQL, purgeSQL, statsSQL, liveSQL           string
+	releaseStuckSQL                                            string
+	knownSQL                                                   string
 
 	// The plain layout's write-once path (see Ledger.Do): the claim takes
 	// the key's lock and looks the key up; the row is written once,
@@ -164,6 +164,14 @@ SELECT u.ord, false, ` + cols("e") + `
 		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us)`)
 
 	s.lookupSQL = r.Replace(`SELECT ` + cols("e") + ` FROM {T} e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3`)
+	// lookupAtSQL is Do's look-up: rowCols only, read with recordScan's
+	// destAt and recordAt, which tell liveness from the transaction's
+	// now() that Do's lock statement returned. Sixteen columns are what
+	// pgx describes in a buffer of the connection's own: a wider result
+	// allocates its description anew, and it stays on the heap while the
+	// handler runs.
+	s.lookupAtSQL = r.Replace(`SELECT ` + strings.ReplaceAll(rowCols, "x.", "e.") +
+		` FROM {T} e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3`)
 
 	s.completeSQL = r.Replace(`UPDATE {T} SET response_code = $4, response_headers = $5, response_body = $6,
 		completed_at = clock_timestamp(), duration_us = $7
@@ -340,6 +348,20 @@ func (r *recordScan) dest() []any {
 	return []any{&r.status, &r.fingerprint, &r.source, &r.principal, &r.leaseOwner, &r.leaseUntil,
 		&r.token, &r.attempts, &r.code, &r.header, &r.body, &r.errText,
 		&r.durationUS, &r.createdAt, &r.completedAt, &r.expiresAt, &r.live, &r.leaseLive}
+}
+
+// destAt is dest for a look-up of rowCols only (see recordAt).
+func (r *recordScan) destAt() []any { return r.dest()[:16] }
+
+// recordAt is record for a row read with destAt in a transaction whose
+// now() is now: the row is live while it expires after now, and its lease
+// while that ends after now, as lookupCols' comparisons tell.
+func (r *recordScan) recordAt(k Key, now time.Time) (rec *Record, live, leased bool) {
+	rec, _, _ = r.record(k)
+	if rec == nil {
+		return nil, false, false
+	}
+	return rec, r.expiresAt != nil && r.expiresAt.After(now), r.leaseUntil != nil && r.leaseUntil.After(now)
 }
 
 // record builds the Record, or nil when the row was absent.
@@ -598,7 +620,7 @@ func (s *pgStore) claimInSavepointOnce(ctx context.Context, tx pgx.Tx, req Reque
 	b = &pgx.Batch{}
 	b.Queue("ROLLBACK TO SAVEPOINT justonce_claim")
 	b.Queue("RELEASE SAVEPOINT justonce_claim")
-	queueLookup(b, s.lookupSQL, req.Key, &ls, &found)
+	queueLookup(b, s.lookupSQL, req.Key, ls.dest(), &found)
 	if err := tx.SendBatch(ctx, b).Close(); err != nil {
 		return claimRow{}, err
 	}
@@ -610,10 +632,11 @@ func (s *pgStore) claimInSavepointOnce(ctx context.Context, tx pgx.Tx, req Reque
 }
 
 // queueLookup queues on b sql, a look-up of k by its scope, tenant and ID;
-// once the batch has run, found says whether k has a row, scanned into ls.
-func queueLookup(b *pgx.Batch, sql string, k Key, ls *recordScan, found *bool) {
+// once the batch has run, found says whether k has a row, scanned into
+// dest.
+func queueLookup(b *pgx.Batch, sql string, k Key, dest []any, found *bool) {
 	b.Queue(sql, k.Scope, k.Tenant, k.ID).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(ls.dest()...)
+		err := row.Scan(dest...)
 		if errors.Is(err, pgx.ErrNoRows) {
 			return nil
 		}
@@ -682,11 +705,14 @@ func isKeyConflict(err error) bool {
 		strings.HasPrefix(pgErr.ConstraintName, "processed_events") && strings.HasSuffix(pgErr.ConstraintName, "pkey")
 }
 
-// lookupCols are the columns a look-up returns for recordScan, of a row
-// named x.
-const lookupCols = `x.status, x.fingerprint, x.source, x.principal, x.lease_owner, x.lease_until,
+// rowCols are the columns of a row named x that recordScan reads.
+const rowCols = `x.status, x.fingerprint, x.source, x.principal, x.lease_owner, x.lease_until,
 		x.fencing_token, x.attempts, x.response_code, x.response_headers, x.response_body, x.error,
-		x.duration_us, x.created_at, x.completed_at, x.expires_at, x.expires_at > now(), x.lease_until > now()`
+		x.duration_us, x.created_at, x.completed_at, x.expires_at`
+
+// lookupCols are the columns a look-up returns for recordScan: rowCols,
+// and whether the row and its lease are live at now().
+const lookupCols = rowCols + `, x.expires_at > now(), x.lease_until > now()`
 
 // collectClaimLookup reads lookupManySQL's rows: the existing row of each
 // request that has one (claimed is left false).

@@ -283,7 +283,7 @@ func (r *eachRun) run(ctx context.Context) (EachRun, error) {
 				b := &pgx.Batch{}
 				b.Queue("ROLLBACK TO SAVEPOINT justonce_each")
 				b.Queue("RELEASE SAVEPOINT justonce_each")
-				queueLookup(b, l.store.lookupSQL, req.Key, &ls, &found)
+				queueLookup(b, l.store.lookupSQL, req.Key, ls.dest(), &found)
 				if err := conn.SendBatch(ctx, b).Close(); err != nil {
 					rollback(conn)
 					panicked = false
@@ -693,7 +693,7 @@ func (l *Ledger) claimEachBuckets(ctx context.Context, conn *pgx.Conn, b *pgx.Ba
 		// Held elsewhere, or not new: its row.
 		var ls recordScan
 		found := false
-		if err := conn.QueryRow(ctx, st.lookup, req.Scope, req.Tenant, req.ID).Scan(ls.dest()...); err == nil {
+		if err := conn.QueryRow(ctx, st.lookup, req.Scope, req.Tenant, req.ID).Scan(ls.destAt()...); err == nil {
 			found = true
 		} else if !errors.Is(err, pgx.ErrNoRows) {
 			return claimRow{}, storeErr("lookup", err)
@@ -701,7 +701,7 @@ func (l *Ledger) claimEachBuckets(ctx context.Context, conn *pgx.Conn, b *pgx.Ba
 		var cr claimRow
 		var leased bool
 		if found {
-			cr.rec, cr.live, leased = ls.record(req.Key)
+			cr.rec, cr.live, leased = ls.recordAt(req.Key, now)
 		}
 		if locked && cr.rec != nil && takeover(cr.rec, cr.live, leased, req.Fingerprint) {
 			// An expired row or a lapsed lease, rare: the layout's claim
