@@ -39,7 +39,8 @@ lint:
 # bench: every benchmark, each sizing its own work and measuring its baseline
 # interleaved with it in the same run; prints the ratios (about 10 minutes).
 # JUSTONCE_BENCH_SMALL=1: a few short rounds of each (CI); JUSTONCE_BENCH_SCALE=1:
-# the 10-million-row sizes and the simulated retention week. See scripts/bench.sh.
+# the 10-million-row sizes, the simulated retention week and the claims in steady
+# retention. See scripts/bench.sh.
 bench: services-up
 	bash scripts/bench.sh
 

@@ -415,3 +415,123 @@ func BenchmarkRetentionWeek(b *testing.B) {
 		}
 	}
 }
+
+// steadyRun is one layout's share of BenchmarkClaimSteadyState.
+type steadyRun struct {
+	took    []time.Duration // the Do calls completed in the measured windows
+	window  time.Duration   // the windows' total length
+	retired int64           // rows the janitor deleted (plain) or buckets it dropped, in the windows
+}
+
+func (r steadyRun) rate() float64 { return float64(len(r.took)) / r.window.Seconds() }
+
+// BenchmarkClaimSteadyState: Do with a one-insert handler on 8 workers, as
+// fast as it goes, on each layout alone in steady state: every key expires
+// JUSTONCE_BENCH_TTL_S seconds after its claim (default 30; the time-bucket
+// layout's MaxTTL and bucket width), and the janitor (production settings,
+// every 250 ms) retires keys at the rate they come in: the plain table
+// deletes them in batches, the time-bucket layout opens and drops whole
+// buckets. Each run fills a fresh ledger for two TTLs (a shard keeps up to
+// two widths of rows), then measures one TTL; the layouts run in the order
+// plain, buckets, buckets, plain, so that a drift over the run (the
+// database growing, checkpoints) weighs on both alike. It reports each
+// layout's throughput and p99 over its measured TTLs, their ratio, and
+// what retention did meanwhile (plain: rows deleted per call, about 1 in
+// steady state; buckets: buckets dropped, one a shard in a width).
+// BenchmarkClaimBucketsVsPlain measures the claims with no retention.
+func BenchmarkClaimSteadyState(b *testing.B) {
+	ttl := time.Duration(envInt("JUSTONCE_BENCH_TTL_S", sized(30, 4))) * time.Second
+	const workers = 8
+	var runs [2]steadyRun
+	for _, k := range []int{0, 1, 1, 0} {
+		mc := migrations.Config{}
+		if k == 1 {
+			mc = migrations.Config{Layout: migrations.LayoutTimeBuckets, MaxTTL: ttl}
+		}
+		pg, l := benchLedger(b, mc, inbox.Config{DefaultTTL: ttl}, workers)
+		r := steadyClaims(b, pg, l, workers, ttl, k == 1)
+		runs[k].took = append(runs[k].took, r.took...)
+		runs[k].window += r.window
+		runs[k].retired += r.retired
+	}
+	plain, buckets := runs[0], runs[1]
+	for _, r := range runs {
+		sort.Slice(r.took, func(i, j int) bool { return r.took[i] < r.took[j] })
+	}
+	b.ReportMetric(plain.rate(), "plain-ops/s")
+	b.ReportMetric(buckets.rate(), "ops/s")
+	b.ReportMetric(buckets.rate()/plain.rate(), "ratio")
+	b.ReportMetric(float64(pct(buckets.took, 0.99))/float64(pct(plain.took, 0.99)), "p99-ratio")
+	b.ReportMetric(float64(plain.retired)/float64(len(plain.took)), "plain-deleted/call")
+	b.ReportMetric(float64(buckets.retired), "buckets-dropped")
+}
+
+// steadyClaims runs BenchmarkClaimSteadyState on one ledger.
+func steadyClaims(b *testing.B, pg *testsvc.PG, l *inbox.Ledger, workers int, ttl time.Duration, buckets bool) steadyRun {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	bucketsGone := func() int64 {
+		// Every bucket opened (a shard's ids go up by the shard count
+		// from the shard's number, and its newest stays listed) less
+		// those still attached.
+		return int64(pg.Count(b, `SELECT (SELECT sum((m - shard) / l.shards + 1) FROM (SELECT shard, max(id) AS m
+				FROM processed_events_buckets GROUP BY shard) s)
+			- (SELECT count(*) FROM processed_events_buckets WHERE detached_at IS NULL)
+			FROM processed_events_layout l`))
+	}
+	start := time.Now()
+	from, to := start.Add(2*ttl), start.Add(3*ttl)
+	var retired atomic.Int64
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the janitor
+		defer wg.Done()
+		t := time.NewTicker(250 * time.Millisecond)
+		defer t.Stop()
+		for time.Now().Before(to) {
+			n, err := l.Purge(ctx, inbox.JanitorConfig{})
+			if err != nil {
+				b.Error(err)
+				return
+			}
+			if now := time.Now(); !buckets && now.After(from) && now.Before(to) {
+				retired.Add(n)
+			}
+			<-t.C
+		}
+	}()
+	var mu sync.Mutex
+	var took []time.Duration
+	var next atomic.Int64
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			do := claimDo(l, "s")
+			for time.Now().Before(to) {
+				t0 := time.Now()
+				if err := do(0, int(next.Add(1))); err != nil {
+					b.Error(err)
+					return
+				}
+				if t0.After(from) && time.Now().Before(to) {
+					d := time.Since(t0)
+					mu.Lock()
+					took = append(took, d)
+					mu.Unlock()
+				}
+			}
+		}()
+	}
+	var droppedBefore int64
+	if buckets {
+		time.Sleep(time.Until(from))
+		droppedBefore = bucketsGone()
+	}
+	wg.Wait()
+	require.NotEmpty(b, took, "no call completed in the measured window")
+	if buckets {
+		retired.Store(bucketsGone() - droppedBefore)
+	}
+	return steadyRun{took: took, window: ttl, retired: retired.Load()}
+}
