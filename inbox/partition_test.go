@@ -1268,7 +1268,7 @@ func TestLayoutsDoTakesOverALapsedLease(t *testing.T) {
 		ctx := context.Background()
 		for _, each := range []bool{false, true} {
 			r := req("payments", fmt.Sprintf("lapsed-%v", each))
-			held, _, err := b.ledger.AcquireLease(ctx, r, 500*time.Millisecond)
+			held, _, err := b.ledger.AcquireLease(ctx, r, 2*time.Second)
 			require.NoError(t, err)
 			require.NotNil(t, held)
 			var ran atomic.Int64
