@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/internal/keylane"
 	"github.com/justonce/justonce/internal/offsets"
 )
 
@@ -330,13 +331,8 @@ func (s *session) poll(ctx context.Context) {
 func (s *session) enqueue(r *kgo.Record) {
 	tp := topicPartition{r.Topic, r.Partition}
 	bucket := -1
-	if n := uint32(s.c.cfg.Concurrency); s.c.cfg.Ordering == ByKey && n > 1 && len(r.Key) > 0 {
-		h := uint32(2166136261) // FNV-1a
-		for _, b := range r.Key {
-			h ^= uint32(b)
-			h *= 16777619
-		}
-		bucket = int(h % n)
+	if s.c.cfg.Ordering == ByKey {
+		bucket = keylane.Of(r.Key, s.c.cfg.Concurrency)
 	}
 	s.tr.Fetched(tp, r.Offset)
 	m := fromRecord(r)

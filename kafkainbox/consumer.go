@@ -11,6 +11,7 @@ import (
 	"github.com/segmentio/kafka-go"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/internal/keylane"
 	"github.com/justonce/justonce/internal/offsets"
 )
 
@@ -477,13 +478,8 @@ func (s *session) fetch(ctx context.Context, r *kafka.Reader) {
 // must stay ordered stays in one lane.
 func (s *session) route(km kafka.Message) laneKey {
 	k := laneKey{tp: topicPartition{km.Topic, km.Partition}, bucket: -1}
-	if n := uint32(s.c.cfg.Concurrency); s.c.cfg.Ordering == ByKey && n > 1 && len(km.Key) > 0 {
-		h := uint32(2166136261) // FNV-1a
-		for _, b := range km.Key {
-			h ^= uint32(b)
-			h *= 16777619
-		}
-		k.bucket = int(h % n)
+	if s.c.cfg.Ordering == ByKey {
+		k.bucket = keylane.Of(km.Key, s.c.cfg.Concurrency)
 	}
 	return k
 }

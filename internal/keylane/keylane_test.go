@@ -1,0 +1,19 @@
+package keylane
+
+import (
+	"hash/fnv"
+	"testing"
+)
+
+func TestOfIsFNV1aModuloLanes(t *testing.T) {
+	for _, key := range []string{"a", "order-42", "ключ"} {
+		h := fnv.New32a()
+		h.Write([]byte(key))
+		if got, want := Of([]byte(key), 7), int(h.Sum32()%7); got != want {
+			t.Fatalf("Of(%q, 7) = %d, want %d", key, got, want)
+		}
+	}
+	if Of(nil, 4) != -1 || Of([]byte("k"), 1) != -1 {
+		t.Fatal("an empty key or a single lane must give -1")
+	}
+}
