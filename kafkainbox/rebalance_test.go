@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/consumer/consumertest"
 	"github.com/justonce/justonce/internal/testsvc"
 	"github.com/justonce/justonce/kafkainbox"
 )
@@ -95,4 +96,70 @@ func TestRebalanceLosesAndDoublesNothing(t *testing.T) {
 	require.EqualValues(t, n, runsA.Load()+runsB.Load(), "handler runs (A %d, B %d)", runsA.Load(), runsB.Load())
 	requireNoLag(t, brokers, group, topic)
 	t.Logf("A ran %d, B ran %d, duplicates answered %d; A held %s in flight across the rebalance", runsA.Load(), runsB.Load(), fx.dups.Load(), heldID)
+}
+
+// A shutdown waits up to ShutdownTimeout for the handlers in flight, but a
+// rebalance that ends the generation during that wait cuts it to the
+// rebalance's (half the lesser of the rebalance and session timeouts): the
+// member's heartbeats have stopped, and waiting out a long ShutdownTimeout
+// would get it dropped from the group. A, stopping with a ShutdownTimeout of
+// five minutes, holds a handler that returns only once it is cancelled; B
+// joins the group. A's Run returns well within the five minutes, its
+// handler was cancelled in flight, and B runs the message once.
+func TestRebalanceCutsShutdownWait(t *testing.T) {
+	t.Parallel()
+	brokers := testsvc.KafkaBrokers(t)
+	fx := newFixture(t)
+	topic := newTopic(t, brokers, 2)
+	group := "g-" + topic
+	const shutdown = 5 * time.Minute
+
+	started := make(chan string, 1)
+	var cancelled atomic.Bool
+	holdUntilCancelled := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		if err := fx.insert(ctx, tx, m); err != nil {
+			return err
+		}
+		select {
+		case started <- m.ID:
+		default:
+		}
+		<-ctx.Done()
+		cancelled.Store(true)
+		return ctx.Err()
+	}
+	cfg := kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: fx.processor(),
+		ShutdownTimeout: shutdown, Reader: tuneReader}
+	a, err := kafkainbox.New(cfg, holdUntilCancelled)
+	require.NoError(t, err)
+	stopA, exitedA := consumertest.Start(t, a)
+	publish(t, brokers, topic, events("cut", 0, 1, 1)...)
+	var heldID string
+	select {
+	case heldID = <-started:
+	case <-time.After(60 * time.Second):
+		t.Fatal("A did not start the handler it holds")
+	}
+
+	go stopA() // A stops with its handler in flight, and waits for it
+	var runsB atomic.Int64
+	stopB := start(t, kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: fx.processor()},
+		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			runsB.Add(1)
+			return fx.insert(ctx, tx, m)
+		})
+	joined := time.Now()
+	select {
+	case <-exitedA:
+	case <-time.After(shutdown / 5):
+		t.Fatalf("A's shutdown still waits for its handler %s after B joined; the rebalance should have cut it", time.Since(joined).Round(time.Second))
+	}
+	took := time.Since(joined)
+	require.True(t, cancelled.Load(), "A's handler was cancelled in flight, not finished")
+	testsvc.Eventually(t, 60*time.Second, func() bool { return fx.effects(t) == 1 }, "B runs the message A's handler left")
+	waitNoLag(t, brokers, group, topic)
+	stopB()
+	fx.assertExactlyOnce(t, 1)
+	require.EqualValues(t, 1, runsB.Load(), "B's runs")
+	t.Logf("A's Run returned %s after B joined (ShutdownTimeout %s); B ran %s", took.Round(100*time.Millisecond), shutdown, heldID)
 }
