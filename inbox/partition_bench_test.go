@@ -168,21 +168,24 @@ func batchesVsPlain(b *testing.B, size int, op func(l *inbox.Ledger, reqs []inbo
 	b.ReportMetric(speedRatio(took[1], took[0]), "ratio")
 }
 
-// claimDo is Do with a handler that inserts one payment, on keys tagged
-// tag.
+// doPayment is Do of k with a handler that inserts one payment, named by
+// k's ID, and records no result (ledger_test's pay records one).
+func doPayment(l *inbox.Ledger, k inbox.Key) error {
+	_, err := l.Do(context.Background(), inbox.Request{Key: k}, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+		_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, k.ID)
+		return inbox.Result{}, err
+	})
+	return err
+}
+
+// claimDo is doPayment on keys tagged tag.
 func claimDo(l *inbox.Ledger, tag string) func(round, i int) error {
 	return func(round, i int) error {
-		id := tag + strconv.Itoa(round) + "-" + strconv.Itoa(i)
-		_, err := l.Do(context.Background(), inbox.Request{Key: inbox.Key{Scope: "claims", ID: id}},
-			func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
-				_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, id)
-				return inbox.Result{}, err
-			})
-		return err
+		return doPayment(l, inbox.Key{Scope: "claims", ID: tag + strconv.Itoa(round) + "-" + strconv.Itoa(i)})
 	}
 }
 
-// claimSpread is claimDo on keys of the loaded rows' scope whose IDs sort
+// claimSpread is doPayment on keys of the loaded rows' scope whose IDs sort
 // among theirs: "evt-" and a number past the rows loaded (so never one of
 // theirs), scrambled so that consecutive calls land far apart in the
 // index. Call i of round r is the (r × perRound + i)-th key; the scramble
@@ -190,13 +193,7 @@ func claimDo(l *inbox.Ledger, tag string) func(round, i int) error {
 func claimSpread(l *inbox.Ledger, rows, perRound int) func(round, i int) error {
 	return func(round, i int) error {
 		n := uint32(round*perRound+i) * 2654435761
-		id := "evt-" + strconv.FormatUint(uint64(rows)+1+uint64(n), 10)
-		_, err := l.Do(context.Background(), inbox.Request{Key: inbox.Key{Scope: "bulk", ID: id}},
-			func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
-				_, err := tx.Exec(ctx, `INSERT INTO payments VALUES ($1, 1)`, id)
-				return inbox.Result{}, err
-			})
-		return err
+		return doPayment(l, inbox.Key{Scope: "bulk", ID: "evt-" + strconv.FormatUint(uint64(rows)+1+uint64(n), 10)})
 	}
 }
 
