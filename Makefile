@@ -62,10 +62,10 @@ PROTOC_GEN_GO_GRPC_VERSION ?= v1.6.2
 generate:
 	$(GO) install google.golang.org/protobuf/cmd/protoc-gen-go@$(PROTOC_GEN_GO_VERSION)
 	$(GO) install google.golang.org/grpc/cmd/protoc-gen-go-grpc@$(PROTOC_GEN_GO_GRPC_VERSION)
-	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc -I internal/grpctest/testpb \
-		--go_out=paths=source_relative:internal/grpctest/testpb \
-		--go-grpc_out=paths=source_relative:internal/grpctest/testpb \
-		internal/grpctest/testpb/orders.proto
+	PATH="$$($(GO) env GOPATH)/bin:$$PATH" protoc -I harness/grpctest/testpb \
+		--go_out=paths=source_relative:harness/grpctest/testpb \
+		--go-grpc_out=paths=source_relative:harness/grpctest/testpb \
+		harness/grpctest/testpb/orders.proto
 
 # chaos: the full fault-injection run (100,000 events per transport, 20 % duplicates,
 # >= 20 SIGKILLs of consumers, Postgres and Kafka crashes (SIGKILL + restart of the
@@ -75,11 +75,11 @@ generate:
 # outbox (Kafka -> A -> NATS -> B, HTTP -> A -> Kafka -> B) with relay processes
 # SIGKILLed too. The services are up at the end.
 chaos: services-up
-	$(GO) run ./internal/chaos -two-hop 20000 -two-hop-http-keys 1000 -relay-kills 6
+	$(GO) run ./harness/chaos -two-hop 20000 -two-hop-http-keys 1000 -relay-kills 6
 
 # chaos-short: the shorter run CI does: at least one fault of every kind.
 chaos-short: services-up
-	$(GO) run ./internal/chaos -events 5000 -kills 8 -redis-outages 2 -pg-terminates 3 -pg-crashes 1 \
+	$(GO) run ./harness/chaos -events 5000 -kills 8 -redis-outages 2 -pg-terminates 3 -pg-crashes 1 \
 		-kafka-crashes 1 -nats-restarts 1 -net-faults 3 -releases 2 -hostile-every 100 -http-keys 500 \
 		-two-hop 2000 -two-hop-http-keys 300 -relay-kills 3 -timeout 8m
 
@@ -88,7 +88,7 @@ chaos-short: services-up
 # the workers' views of them go stale while consumers, Postgres, Kafka and Redis
 # are killed around them.
 chaos-buckets: services-up
-	$(GO) run ./internal/chaos -layout buckets -bucket-width 10s -events 2000 -kills 6 -redis-outages 1 \
+	$(GO) run ./harness/chaos -layout buckets -bucket-width 10s -events 2000 -kills 6 -redis-outages 1 \
 		-pg-terminates 2 -pg-crashes 1 -kafka-crashes 1 -nats-restarts 1 -net-faults 2 -releases 1 \
 		-hostile-every 100 -http-keys 300 -two-hop 1000 -two-hop-http-keys 200 -relay-kills 2 -timeout 6m
 

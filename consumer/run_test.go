@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/testsvc"
 )
 
 // ProcessRun decides a prefix in order: it ends at the first message not

@@ -9,7 +9,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
-	"github.com/justonce/justonce/internal/grpctest/testpb"
+	"github.com/justonce/justonce/harness/grpctest/testpb"
 )
 
 // BenchmarkUnary measures, in one run and over real gRPC on loopback TCP

@@ -19,9 +19,9 @@ import (
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	"github.com/justonce/justonce/grpcbridge"
+	"github.com/justonce/justonce/harness/grpctest/testpb"
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/grpctest/testpb"
-	"github.com/justonce/justonce/internal/testsvc"
 )
 
 // 500 concurrent identical calls run the handler once. The first holds the

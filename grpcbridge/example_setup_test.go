@@ -7,7 +7,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/harness/testsvc"
 )
 
 // exampleTB lets the examples borrow the tests' service discovery (an

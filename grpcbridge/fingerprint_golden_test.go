@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/justonce/justonce/internal/grpctest/testpb"
+	"github.com/justonce/justonce/harness/grpctest/testpb"
 )
 
 // TestFingerprintGolden pins the fingerprint bytes. They are stored in the

@@ -21,10 +21,10 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/grpcbridge"
+	"github.com/justonce/justonce/harness/grpctest/testpb"
 	"github.com/justonce/justonce/httpbridge"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/grpctest/testpb"
-	"github.com/justonce/justonce/kafkainbox"
+	"github.com/justonce/justonce/transports/kafkainbox"
 )
 
 // One ledger across fronts: an RPC with key K, an HTTP request with key K

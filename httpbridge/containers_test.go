@@ -6,7 +6,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/harness/testsvc"
 )
 
 // TestContainers runs the HTTP bridge tests against Postgres and

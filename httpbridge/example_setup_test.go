@@ -8,7 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/harness/testsvc"
 )
 
 // TestMain points DATABASE_URL, which the package example reads as a

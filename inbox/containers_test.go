@@ -6,7 +6,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/harness/testsvc"
 )
 
 // containerTests are the ledger tests TestContainers runs by default: the

@@ -12,8 +12,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/testsvc"
 )
 
 // clusterLedger is a ledger in front of a Redis Cluster of three masters of

@@ -13,8 +13,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/testsvc"
 )
 
 func redisLedger(t *testing.T, rc inbox.RedisConfig) *bundle {

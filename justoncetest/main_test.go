@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/harness/testsvc"
 )
 
 // TestMain points DATABASE_URL, which the kit reads as in a user's tests, at

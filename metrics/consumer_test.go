@@ -15,8 +15,8 @@ import (
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/testsvc"
 	"github.com/justonce/justonce/metrics"
 	"github.com/justonce/justonce/tracing"
 )

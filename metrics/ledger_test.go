@@ -11,8 +11,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/testsvc"
 	"github.com/justonce/justonce/metrics"
 )
 

@@ -12,7 +12,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/metrics"
 	"github.com/justonce/justonce/outbox"
 )

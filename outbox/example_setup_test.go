@@ -4,8 +4,8 @@ import (
 	"os"
 	"strings"
 
-	"github.com/justonce/justonce/internal/kafkaadmin"
-	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/harness/kafkaadmin"
+	"github.com/justonce/justonce/harness/testsvc"
 )
 
 // exampleTopic creates a fresh topic for an example (a real application

@@ -16,7 +16,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/outbox"
 )
 

@@ -4,7 +4,7 @@ import (
 	"os"
 	"testing"
 
-	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/harness/testsvc"
 )
 
 // child, when set (crash_linux_test.go), runs this test binary as a child

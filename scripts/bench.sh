@@ -41,7 +41,7 @@ fi
 if [[ -n ${BENCH_AREAS:-} ]]; then
   read -r -a wanted <<<"$BENCH_AREAS"
 else
-  wanted=(./inbox ./httpbridge ./grpcbridge ./outbox ./kafkainbox ./natsinbox)
+  wanted=(./inbox ./httpbridge ./grpcbridge ./outbox ./transports/kafkainbox ./transports/natsinbox)
 fi
 areas=()
 for a in "${wanted[@]}"; do

@@ -15,6 +15,6 @@ GO=${GO:-go}
 log() { printf '[kafka-cluster] %s\n' "$*" >&2; }
 
 t0=$SECONDS
-$GO vet -tags kafkacluster ./kafkainbox
-$GO test -tags kafkacluster -race -count=1 -timeout 10m -run '^TestCluster' -v ./kafkainbox
+$GO vet -tags kafkacluster ./transports/kafkainbox
+$GO test -tags kafkacluster -race -count=1 -timeout 10m -run '^TestCluster' -v ./transports/kafkainbox
 log "done in $((SECONDS - t0))s"

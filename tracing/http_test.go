@@ -15,9 +15,9 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/httpbridge"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/testsvc"
 	"github.com/justonce/justonce/tracing"
 )
 

@@ -19,10 +19,10 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/consumer/consumertest"
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/testsvc"
-	"github.com/justonce/justonce/kafkainbox"
 	"github.com/justonce/justonce/tracing"
+	"github.com/justonce/justonce/transports/kafkainbox"
 )
 
 // One trace over real Kafka: a producer's span, the handler's span as its

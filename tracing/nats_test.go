@@ -13,10 +13,10 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/consumer/consumertest"
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/testsvc"
-	"github.com/justonce/justonce/natsinbox"
 	"github.com/justonce/justonce/tracing"
+	"github.com/justonce/justonce/transports/natsinbox"
 )
 
 // The same trace over a real NATS JetStream (embedded server): the handler

@@ -10,11 +10,11 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/consumer/consumertest"
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/testsvc"
-	"github.com/justonce/justonce/kafkainbox"
 	"github.com/justonce/justonce/outbox"
 	"github.com/justonce/justonce/tracing"
+	"github.com/justonce/justonce/transports/kafkainbox"
 )
 
 // Across two services over real Kafka: a producer's span, the orders

@@ -13,7 +13,7 @@ import (
 	"go.opentelemetry.io/otel/sdk/trace/tracetest"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/tracing"
 )
 

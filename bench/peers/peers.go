@@ -19,7 +19,7 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/kafkainbox"
+	"github.com/justonce/justonce/transports/kafkainbox"
 )
 
 // The peers, in the order of the table.

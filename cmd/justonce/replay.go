@@ -12,8 +12,8 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/justonce/justonce/consumer"
-	"github.com/justonce/justonce/kafkainbox"
-	"github.com/justonce/justonce/natsinbox"
+	"github.com/justonce/justonce/transports/kafkainbox"
+	"github.com/justonce/justonce/transports/natsinbox"
 )
 
 const replayHelpCommon = `The command line cannot run your handler (it is your Go code), so this

@@ -11,10 +11,10 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/harness/kafkaadmin"
+	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/kafkaadmin"
-	"github.com/justonce/justonce/internal/testsvc"
-	"github.com/justonce/justonce/kafkainbox"
+	"github.com/justonce/justonce/transports/kafkainbox"
 )
 
 func TestBinaryReplayDryRun(t *testing.T) {

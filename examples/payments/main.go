@@ -48,10 +48,10 @@ import (
 	"github.com/justonce/justonce/httpbridge"
 	"github.com/justonce/justonce/httpretry"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/kafkainbox"
 	"github.com/justonce/justonce/migrations"
-	"github.com/justonce/justonce/natsinbox"
 	"github.com/justonce/justonce/outbox"
+	"github.com/justonce/justonce/transports/kafkainbox"
+	"github.com/justonce/justonce/transports/natsinbox"
 )
 
 const scope = "payments" // shared by the HTTP route, the gRPC method and both consumers

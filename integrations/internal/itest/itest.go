@@ -17,7 +17,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/justonce/justonce/internal/testsvc"
+	"github.com/justonce/justonce/harness/testsvc"
 )
 
 // init makes the services that `make services-up` started at the

@@ -1,0 +1,701 @@
+package main
+
+// Two-hop pipelines: an event's effect happens one service further on,
+// carried by the transactional outbox.
+//
+//	kafka>nats  Kafka → A (kafkainbox: inbox + outbox.Add of one NATS
+//	            message per event) → relay → JetStream → B (natsinbox:
+//	            inbox, one effect row per event)
+//	http>kafka  HTTP clients retrying with an Idempotency-Key → A (the
+//	            HTTP bridge; the handler adds one Kafka message; A runs a
+//	            relay in-process too) → relay → Kafka → B (kafkainbox: inbox,
+//	            one effect row per key)
+//
+// A, B and the relays are child processes like the consumers, SIGKILLed
+// under the same fault matrix (and the relays on their own with
+// -relay-kills). The verdict is on B's effects, keyed by the source event's
+// ID: one effect per unique source ID, none lost, none doubled.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	mrand "math/rand/v2"
+	"net"
+	"net/http"
+	"os"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
+	"github.com/segmentio/kafka-go"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/harness/kafkaadmin"
+	"github.com/justonce/justonce/httpbridge"
+	"github.com/justonce/justonce/httpretry"
+	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/outbox"
+	"github.com/justonce/justonce/transports/kafkainbox"
+	"github.com/justonce/justonce/transports/natsinbox"
+)
+
+// The pipelines, as named in the summary and in effects.transport.
+const (
+	pipeKN = "kafka>nats"
+	pipeHK = "http>kafka"
+)
+
+// Worker roles of the pipelines (worker -transport ...).
+const (
+	roleKNA   = "hop-kn-a" // kafkainbox consumer, adds a NATS message per event
+	roleKNB   = "hop-kn-b" // natsinbox consumer, the effect
+	roleHKA   = "hop-hk-a" // HTTP bridge, adds a Kafka message per key; runs a relay
+	roleHKB   = "hop-hk-b" // kafkainbox consumer, the effect
+	roleRelay = "relay"    // the outbox relay alone
+)
+
+const (
+	hopSubject   = "chaos.hop"
+	hopStream    = "CHAOSHOP"
+	headerSource = "chaos-source"
+	// headerRun names the run of A's handler that added the message: a
+	// message of a run whose transaction rolled back must never be
+	// published, so every message of one source carries one run.
+	headerRun = "chaos-run"
+)
+
+// relayRole reports whether processes of role run a relay: -relay-kills
+// picks among them.
+func relayRole(role string) bool { return role == roleRelay || role == roleHKA }
+
+// onceKind maps a permanent hostile kind to its intermittent twin: in a
+// pipeline every source event must end with its effect at B, and A's
+// transaction rolled back (swallowed error, deferred constraint at COMMIT,
+// panic) must take its outbox message with it.
+func onceKind(k hostileKind) hostileKind {
+	switch k {
+	case swallowAlways:
+		return swallowOnce
+	case deferredAlways:
+		return deferredOnce
+	case panicAlways:
+		return panicOnce
+	}
+	return k
+}
+
+// hopArgs is one pipeline worker: its flags and what it opened.
+type hopArgs struct {
+	role, name     string
+	brokers, topic string // source topic (kn-a), hop topic (hk-a publishes to it, hk-b reads it)
+	natsURL        string
+	listen         string // hk-a
+	relay          bool   // run a relay in this process too
+	batch, every   int
+	slowFor        time.Duration
+	relayBatch     int
+	relayPoll      time.Duration
+	hostileInA     bool
+	ledger         *inbox.Ledger
+	pool           *pgxpool.Pool
+	report         func(string)
+	pc             consumer.Config
+	errLog         *slog.Logger
+	natsConn       *nats.Conn
+	natsConnErr    error
+	natsOnce       sync.Once
+	relays         sync.WaitGroup
+	outboxInitOnce sync.Once
+	outboxInst     *outbox.Outbox
+	outboxErr      error
+}
+
+func (a *hopArgs) nc() (*nats.Conn, error) {
+	a.natsOnce.Do(func() {
+		a.natsConn, a.natsConnErr = nats.Connect(a.natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
+			nats.RetryOnFailedConnect(true))
+	})
+	return a.natsConn, a.natsConnErr
+}
+
+func (a *hopArgs) outbox() (*outbox.Outbox, error) {
+	a.outboxInitOnce.Do(func() {
+		a.outboxInst, a.outboxErr = outbox.New(a.pool, outbox.Config{Logger: a.errLog})
+	})
+	return a.outboxInst, a.outboxErr
+}
+
+// startRelay runs an outbox relay in this process until ctx ends.
+func (a *hopArgs) startRelay(ctx context.Context) error {
+	ob, err := a.outbox()
+	if err != nil {
+		return err
+	}
+	nc, err := a.nc()
+	if err != nil {
+		return err
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return err
+	}
+	// The relay sets acks, balancer and batching on the writer itself.
+	w := &kafka.Writer{Addr: kafka.TCP(strings.Split(a.brokers, ",")...), WriteTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second}
+	r, err := ob.Relay(outbox.RelayConfig{Kafka: w, NATS: js, BatchSize: a.relayBatch, PollInterval: a.relayPoll, Logger: a.errLog,
+		Hooks: outbox.RelayHooks{
+			OnFailed: func(err *outbox.PublishError) {
+				a.report("relay-failed")
+				fmt.Fprintf(os.Stderr, "chaos %s: relay: refused for good: %v\n", a.name, err)
+			},
+			OnRetry: func(*outbox.PublishError) { a.report("relay-retry") },
+		}})
+	if err != nil {
+		_ = w.Close()
+		return err
+	}
+	a.relays.Add(1)
+	go func() {
+		defer a.relays.Done()
+		defer w.Close()
+		a.report("relay-started")
+		if err := r.Run(ctx); err != nil {
+			fmt.Fprintf(os.Stderr, "chaos %s: relay: %v\n", a.name, err)
+		}
+	}()
+	return nil
+}
+
+// sourceOf is the source event's ID a pipeline message carries.
+func sourceOf(m *consumer.Message) string {
+	for _, h := range m.Headers {
+		if h.Key == headerSource {
+			return string(h.Value)
+		}
+	}
+	return string(m.Value)
+}
+
+// effectHandler is B's business handler: one effect row per run, keyed by
+// the source event, with the message ID B's ledger deduplicated on.
+func effectHandler(pipe string) consumer.Handler {
+	return func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, transport, msg_id) VALUES ($1, $2, $3)`, sourceOf(m), pipe, m.ID)
+		return err
+	}
+}
+
+// hopWorker runs one pipeline role until ctx ends.
+func hopWorker(ctx context.Context, a *hopArgs) int {
+	fail := func(err error) int {
+		fmt.Fprintf(os.Stderr, "worker %s: %v\n", a.role, err)
+		return 1
+	}
+	pc := a.pc
+	pc.Scope = "chaos-" + a.role[len("hop-"):]
+	if a.role == roleKNB || a.role == roleHKB {
+		// B reports the deliveries its ledger answered as duplicates: relay
+		// republishes after a kill and redeliveries after B's own.
+		outcome := pc.Hooks.OnOutcome
+		pc.Hooks.OnOutcome = func(m *consumer.Message, out inbox.Outcome, d time.Duration) {
+			outcome(m, out, d)
+			if out.Disposition == inbox.Duplicate {
+				a.report("hop-duplicate:" + a.role)
+			}
+		}
+	}
+	relayCtx, stopRelays := context.WithCancel(context.WithoutCancel(ctx))
+	defer func() { stopRelays(); a.relays.Wait() }()
+	if a.relay {
+		if err := a.startRelay(relayCtx); err != nil {
+			return fail(err)
+		}
+	}
+	var run func(context.Context) error
+	switch a.role {
+	case roleRelay:
+		if !a.relay {
+			if err := a.startRelay(relayCtx); err != nil {
+				return fail(err)
+			}
+		}
+		run = func(ctx context.Context) error { <-ctx.Done(); return nil }
+	case roleKNA:
+		ob, err := a.outbox()
+		if err != nil {
+			return fail(err)
+		}
+		h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			// The key spreads the messages over the outbox's lanes, so
+			// that the relays publish side by side.
+			if _, err := ob.Add(ctx, tx, outbox.Message{Broker: outbox.NATS, Topic: hopSubject, Key: []byte(m.ID), Value: []byte(m.ID),
+				Headers: []consumer.Header{{Key: headerSource, Value: []byte(m.ID)}, {Key: headerRun, Value: []byte(randHex(8))}}}); err != nil {
+				return err
+			}
+			if !a.hostileInA {
+				return nil
+			}
+			return misbehave(ctx, tx, m, onceKind(kindOf(m.ID, a.every)), a.slowFor, func(s string) { a.report("hostile:" + s) })
+		}
+		c, err := kafkainbox.New(kafkainbox.Config{Brokers: strings.Split(a.brokers, ","), Topic: a.topic, GroupID: "chaos-" + a.topic,
+			Processor: pc, BatchSize: a.batch, CommitInterval: 200 * time.Millisecond}, h)
+		if err != nil {
+			return fail(err)
+		}
+		run = c.Run
+	case roleKNB:
+		nc, err := a.nc()
+		if err != nil {
+			return fail(err)
+		}
+		c, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: hopStream, Durable: "chaos-hop",
+			Processor: pc, AckWait: 5 * time.Second, BatchSize: a.batch}, effectHandler(pipeKN))
+		if err != nil {
+			return fail(err)
+		}
+		run = c.Run
+	case roleHKB:
+		c, err := kafkainbox.New(kafkainbox.Config{Brokers: strings.Split(a.brokers, ","), Topic: a.topic, GroupID: "chaos-" + a.topic,
+			Processor: pc, BatchSize: a.batch, CommitInterval: 200 * time.Millisecond}, effectHandler(pipeHK))
+		if err != nil {
+			return fail(err)
+		}
+		run = c.Run
+	case roleHKA:
+		ob, err := a.outbox()
+		if err != nil {
+			return fail(err)
+		}
+		bridge, err := httpbridge.New(httpbridge.Config{Ledger: a.ledger})
+		if err != nil {
+			return fail(err)
+		}
+		route := bridge.Route(httpbridge.RouteConfig{Scope: pc.Scope, Required: true})
+		mux := http.NewServeMux()
+		first := sync.Once{}
+		mux.Handle("POST /order", route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			key, _ := httpbridge.Key(r.Context())
+			if _, err := ob.Add(r.Context(), httpbridge.Tx(r.Context()), outbox.Message{Broker: outbox.Kafka, Topic: a.topic,
+				Key: []byte(key), Value: []byte(key), Headers: []consumer.Header{{Key: headerSource, Value: []byte(key)}, {Key: headerRun, Value: []byte(randHex(8))}}}); err != nil {
+				http.Error(w, err.Error(), http.StatusServiceUnavailable)
+				return
+			}
+			first.Do(func() { a.report("first-effect") })
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusCreated)
+			// A body unique to this execution: every client of a key must see it.
+			fmt.Fprintf(w, `{"key":%q,"order":"ord_%s"}`, key, randHex(6))
+		})))
+		ln, err := listenRetry(a.listen)
+		if err != nil {
+			return fail(err)
+		}
+		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		run = func(ctx context.Context) error {
+			go func() {
+				<-ctx.Done()
+				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+				defer cancel()
+				_ = srv.Shutdown(sctx)
+			}()
+			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+				return err
+			}
+			return nil
+		}
+	default:
+		return fail(fmt.Errorf("unknown role %q", a.role))
+	}
+	if err := run(ctx); err != nil {
+		return fail(err)
+	}
+	return 0
+}
+
+// listenRetry listens on addr, trying again for a few seconds while the
+// port is still held (a killed predecessor's socket).
+func listenRetry(addr string) (net.Listener, error) {
+	var err error
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
+		var ln net.Listener
+		if ln, err = net.Listen("tcp", addr); err == nil {
+			return ln, nil
+		}
+	}
+	return nil, err
+}
+
+// hops is the parent's side of the pipelines.
+type hops struct {
+	kn, hk          bool
+	srcTopic, topic string // kafka>nats source topic; http>kafka hop topic
+	js              jetstream.JetStream
+	brokers         []string
+	ob              *outbox.Outbox
+	httpRequests    atomic.Int64
+	httpFailed      atomic.Int64
+	bodies          sync.Map // key -> *sync.Map of bodies
+	published       map[string]int64
+	stats           string
+	statsErr        error
+	pending, failed int64
+	runs            map[string]map[string]map[string]bool // pipe -> source -> A's runs seen on the hop
+	readErr         error
+}
+
+// setupHops creates the pipelines' topics and stream and returns the
+// producer of the kafka>nats source.
+func setupHops(ctx context.Context, o options, h *hops, sum *summary, nc *nats.Conn) (*producer, error) {
+	if h.hk {
+		h.topic = "chaos-hk-" + randHex(4)
+		if err := kafkaadmin.CreateTopic(h.brokers[0], h.topic, 4); err != nil {
+			return nil, fmt.Errorf("kafka hop topic: %w", err)
+		}
+		sum.transports = append(sum.transports, pipeHK)
+		sum.unique[pipeHK] = o.twoHopHTTPKeys
+		sum.produced[pipeHK] = o.twoHopHTTPKeys * o.httpClients
+		sum.duplicates[pipeHK] = o.twoHopHTTPKeys * (o.httpClients - 1)
+	}
+	if !h.kn {
+		return nil, nil
+	}
+	js, err := jetstream.New(nc)
+	if err != nil {
+		return nil, err
+	}
+	h.js = js
+	// The relay's Nats-Msg-Id is deduplicated within the window; a short
+	// one lets republishes after a relay kill through to B's ledger.
+	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: hopStream, Subjects: []string{hopSubject},
+		Storage: jetstream.FileStorage, Duplicates: 100 * time.Millisecond}); err != nil {
+		return nil, err
+	}
+	h.srcTopic = "chaos-kn-" + randHex(4)
+	if err := kafkaadmin.CreateTopic(h.brokers[0], h.srcTopic, 4); err != nil {
+		return nil, fmt.Errorf("kafka source topic: %w", err)
+	}
+	sum.transports = append(sum.transports, pipeKN)
+	ids, dups := plan("x-", o.twoHop, o.dupPct)
+	sum.produced[pipeKN], sum.duplicates[pipeKN], sum.unique[pipeKN] = len(ids), dups, o.twoHop
+	w := &kafka.Writer{Addr: kafka.TCP(h.brokers...), Topic: h.srcTopic, Balancer: &kafka.Hash{},
+		BatchSize: 1000, BatchTimeout: 5 * time.Millisecond, RequiredAcks: kafka.RequireAll,
+		WriteTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second}
+	p := &producer{name: pipeKN, ids: ids, closeFn: func() { _ = w.Close() }, emit: func(ctx context.Context, ids []string) error {
+		msgs := make([]kafka.Message, len(ids))
+		for i, id := range ids {
+			msgs[i] = kafkainbox.NewMessage(id, []byte(id), []byte(`{"id":"`+id+`"}`))
+		}
+		return w.WriteMessages(ctx, msgs...)
+	}}
+	// Every source event must end with one effect at B (A's hostile kinds
+	// are the intermittent ones).
+	p.expect = make(map[string]hostileKind, o.twoHop)
+	hk := map[hostileKind]int{}
+	for i := 0; i < o.twoHop; i++ {
+		id := "x-" + strconv.Itoa(i)
+		p.expect[id] = normal
+		if k := onceKind(kindOf(id, o.hostileEvery)); k != normal && o.hostileEvery > 0 {
+			hk[k]++
+		}
+	}
+	sum.hostile[pipeKN] = hk
+	return p, nil
+}
+
+// httpProducer is the http>kafka pipeline's source: each chunk of keys is
+// sent, as the production goes on, from several clients at once, each
+// attempt to one of A's processes at random (a killed one refuses; the
+// retry goes elsewhere or to its successor). emit does not wait for the
+// answers: wg does.
+func (h *hops) httpProducer(ctx context.Context, wg *sync.WaitGroup, addrs []string, keys, clients int) *producer {
+	base := &rotate{addrs: addrs, rt: http.DefaultTransport}
+	client := &http.Client{Timeout: 30 * time.Second, Transport: &httpretry.Transport{Base: base, MaxAttempts: 200,
+		Backoff: httpretry.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}}}
+	sem := make(chan struct{}, 16)
+	send := func(key string) {
+		defer wg.Done()
+		sem <- struct{}{}
+		defer func() { <-sem }()
+		h.httpRequests.Add(1)
+		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://a/order", strings.NewReader(`{"key":"`+key+`"}`))
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("Content-Type", "application/json")
+		resp, err := client.Do(req)
+		if err != nil {
+			h.httpFailed.Add(1)
+			return
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode/100 != 2 {
+			h.httpFailed.Add(1)
+			return
+		}
+		v, _ := h.bodies.LoadOrStore(key, &sync.Map{})
+		v.(*sync.Map).Store(string(b), true)
+	}
+	p := &producer{name: pipeHK, expect: make(map[string]hostileKind, keys), closeFn: func() {}}
+	for k := 0; k < keys; k++ {
+		id := "y-" + strconv.Itoa(k)
+		p.ids = append(p.ids, id)
+		p.expect[id] = normal
+	}
+	p.emit = func(ctx context.Context, ids []string) error {
+		for _, key := range ids {
+			for c := 0; c < clients; c++ {
+				wg.Add(1)
+				go send(key)
+			}
+		}
+		return nil
+	}
+	return p
+}
+
+// rotate sends each attempt to one of addrs at random.
+type rotate struct {
+	addrs []string
+	rt    http.RoundTripper
+}
+
+func (r *rotate) RoundTrip(req *http.Request) (*http.Response, error) {
+	req = req.Clone(req.Context())
+	req.URL.Host = r.addrs[mrand.N(len(r.addrs))]
+	req.Host = req.URL.Host
+	return r.rt.RoundTrip(req)
+}
+
+// finish reads what the brokers hold after the run: every message the
+// relays published on each hop (more than the unique count: republishes),
+// and for each source the runs of A's handler its messages came from.
+func (h *hops) finish(ctx context.Context) {
+	h.published = map[string]int64{}
+	h.runs = map[string]map[string]map[string]bool{pipeKN: {}, pipeHK: {}}
+	note := func(pipe, src, run string) {
+		if h.runs[pipe][src] == nil {
+			h.runs[pipe][src] = map[string]bool{}
+		}
+		h.runs[pipe][src][run] = true
+		h.published[pipe]++
+	}
+	if h.kn && h.js != nil {
+		h.readErr = errors.Join(h.readErr, readStream(ctx, h.js, hopStream, func(src, run string) { note(pipeKN, src, run) }))
+	}
+	if h.hk {
+		h.readErr = errors.Join(h.readErr, readTopic(ctx, h.brokers, h.topic, 4, func(src, run string) { note(pipeHK, src, run) }))
+	}
+	if h.ob != nil {
+		st, err := h.ob.Stats(ctx)
+		h.stats, h.statsErr = fmt.Sprintf("%d pending, %d failed", st.Pending, st.Failed), err
+		h.pending, h.failed = st.Pending, st.Failed
+	}
+}
+
+// readTopic calls f with the source and run headers of every message in
+// the topic's partitions.
+func readTopic(ctx context.Context, brokers []string, topic string, partitions int, f func(src, run string)) error {
+	for p := 0; p < partitions; p++ {
+		conn, err := kafka.DialLeader(ctx, "tcp", brokers[0], topic, p)
+		if err != nil {
+			return err
+		}
+		first, last, err := conn.ReadOffsets()
+		_ = conn.Close()
+		if err != nil {
+			return err
+		}
+		if last <= first {
+			continue
+		}
+		err = func() error {
+			r := kafka.NewReader(kafka.ReaderConfig{Brokers: brokers, Topic: topic, Partition: p, MaxWait: 500 * time.Millisecond})
+			defer r.Close()
+			if err := r.SetOffset(first); err != nil {
+				return err
+			}
+			rctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+			defer cancel()
+			for {
+				m, err := r.ReadMessage(rctx)
+				if err != nil {
+					return fmt.Errorf("read %s/%d to offset %d: %w", topic, p, last, err)
+				}
+				var src, run string
+				for _, h := range m.Headers {
+					switch h.Key {
+					case headerSource:
+						src = string(h.Value)
+					case headerRun:
+						run = string(h.Value)
+					}
+				}
+				f(src, run)
+				if m.Offset >= last-1 {
+					return nil
+				}
+			}
+		}()
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// readStream calls f with the source and run headers of every message in
+// the stream.
+func readStream(ctx context.Context, js jetstream.JetStream, stream string, f func(src, run string)) error {
+	ctx, cancel := context.WithTimeout(ctx, 2*time.Minute)
+	defer cancel()
+	s, err := js.Stream(ctx, stream)
+	if err != nil {
+		return err
+	}
+	c, err := s.OrderedConsumer(ctx, jetstream.OrderedConsumerConfig{})
+	if err != nil {
+		return err
+	}
+	info, err := s.Info(ctx)
+	if err != nil {
+		return err
+	}
+	for n := uint64(0); n < info.State.Msgs; {
+		batch, err := c.FetchNoWait(500)
+		if err != nil {
+			return err
+		}
+		got := 0
+		for m := range batch.Messages() {
+			f(m.Headers().Get(headerSource), m.Headers().Get(headerRun))
+			got++
+		}
+		if err := batch.Error(); err != nil {
+			return err
+		}
+		if got == 0 {
+			if err := consumer.Sleep(ctx, 50*time.Millisecond); err != nil {
+				return err
+			}
+		}
+		n += uint64(got)
+	}
+	return nil
+}
+
+// verdictHops checks B's effects of each pipeline: one per unique source
+// ID, with one message ID.
+func verdictHops(ctx context.Context, sum *summary, pool *pgxpool.Pool, h *hops) {
+	for _, pipe := range []string{pipeKN, pipeHK} {
+		if (pipe == pipeKN && !h.kn) || (pipe == pipeHK && !h.hk) {
+			continue
+		}
+		prefix := "x-"
+		if pipe == pipeHK {
+			prefix = "y-"
+		}
+		rows, err := pool.Query(ctx, `SELECT event_id, count(*), count(DISTINCT msg_id) FROM effects WHERE transport = $1 GROUP BY event_id`, pipe)
+		if err != nil {
+			sum.problem("%s verdict: %v", pipe, err)
+			continue
+		}
+		seen := map[string]bool{}
+		var doubled, multiMsg, stray []string
+		err = func() error {
+			defer rows.Close()
+			for rows.Next() {
+				var id string
+				var n, msgs int
+				if err := rows.Scan(&id, &n, &msgs); err != nil {
+					return err
+				}
+				seen[id] = true
+				if n > 1 {
+					doubled = append(doubled, id)
+				}
+				if msgs > 1 {
+					multiMsg = append(multiMsg, id)
+				}
+				if i, err := strconv.Atoi(strings.TrimPrefix(id, prefix)); err != nil || !strings.HasPrefix(id, prefix) || i >= sum.unique[pipe] {
+					stray = append(stray, id)
+				}
+			}
+			return rows.Err()
+		}()
+		if err != nil {
+			sum.problem("%s verdict: %v", pipe, err)
+			continue
+		}
+		var lost []string
+		for i := 0; i < sum.unique[pipe]; i++ {
+			if id := prefix + strconv.Itoa(i); !seen[id] {
+				lost = append(lost, id)
+			}
+		}
+		sum.hopLost[pipe], sum.hopDoubled[pipe] = len(lost), len(doubled)
+		report := func(what string, ids []string) {
+			if len(ids) > 0 {
+				sum.problem("%s: %d × %s at B, e.g. %s", pipe, len(ids), what, strings.Join(ids[:min(5, len(ids))], " "))
+			}
+		}
+		var leaked []string
+		for src, runs := range h.runs[pipe] {
+			if len(runs) > 1 {
+				leaked = append(leaked, src)
+			}
+		}
+		sort.Strings(leaked)
+		sum.hopLeaked[pipe] = len(leaked)
+		report("source event's messages came from more than one run of A (a rolled-back run's message was published)", leaked)
+		report("source event lost", lost)
+		report("source event doubled", doubled)
+		report("source event reached B as more than one message ID", multiMsg)
+		report("effect of an event never produced", stray)
+	}
+	if h.readErr != nil {
+		sum.problem("reading the hops' messages: %v", h.readErr)
+	}
+	if h.statsErr != nil {
+		sum.problem("outbox stats: %v", h.statsErr)
+	} else if h.pending > 0 || h.failed > 0 {
+		sum.problem("outbox: %d messages still pending, %d failed at the end", h.pending, h.failed)
+	}
+	if n := sum.obs.get("relay-failed"); n > 0 {
+		sum.problem("outbox: relays refused %d messages for good", n)
+	}
+	for _, side := range []string{"kn-a", "kn-b", "hk-a", "hk-b"} {
+		var done, failed int
+		if err := pool.QueryRow(ctx, `SELECT count(*) FILTER (WHERE status = 'done'), count(*) FILTER (WHERE status = 'failed')
+			FROM processed_events WHERE scope = $1`, "chaos-"+side).Scan(&done, &failed); err != nil {
+			sum.problem("ledger %s: %v", side, err)
+			continue
+		}
+		sum.hopLedger["chaos-"+side] = [2]int{done, failed}
+	}
+	if h.hk {
+		n := 0
+		h.bodies.Range(func(_, v any) bool {
+			m := 0
+			v.(*sync.Map).Range(func(_, _ any) bool { m++; return true })
+			if m > 1 {
+				n++
+			}
+			return true
+		})
+		sum.hopHTTPMismatched = n
+		if f := h.httpFailed.Load(); f > 0 {
+			sum.problem("%s: %d requests never got a 2xx", pipeHK, f)
+		}
+		if n > 0 {
+			sum.problem("%s: %d keys got differing responses", pipeHK, n)
+		}
+	}
+}

@@ -1,0 +1,759 @@
+package kafkainbox
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/segmentio/kafka-go"
+
+	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/transports/internal/keylane"
+	"github.com/justonce/justonce/transports/internal/offsets"
+)
+
+// Consumer is one member of a Kafka consumer group whose handler runs once
+// per event ID. Create it with New and start it with Run.
+type Consumer struct {
+	cfg       Config
+	h         consumer.Handler
+	userDL    bool // Processor.DeadLetter was given
+	proc      *consumer.Processor
+	log       *slog.Logger
+	writer    *kafka.Writer // dead letters; nil when Processor.DeadLetter was given
+	ownWriter bool
+	ran       atomic.Bool
+	leftover  sync.WaitGroup // handlers left behind at a rebalance
+}
+
+// New returns a Consumer that runs h for each new event of cfg.Topic.
+// It validates cfg and applies the defaults; it does not connect: Run does.
+//
+//	c, err := kafkainbox.New(kafkainbox.Config{
+//		Brokers:   []string{"localhost:9092"},
+//		Topic:     "orders",
+//		GroupID:   "billing",
+//		Processor: consumer.Config{Ledger: ledger},
+//	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+//		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
+//		return err
+//	})
+func New(cfg Config, h consumer.Handler) (*Consumer, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	cfg = cfg.withDefaults()
+	c := &Consumer{cfg: cfg, h: h, userDL: cfg.Processor.DeadLetter != nil}
+	if !c.userDL {
+		c.writer, c.ownWriter = c.deadLetterWriter()
+		cfg.Processor.DeadLetter = c.deadLetterTo(c.writer)
+	}
+	p, err := consumer.New(cfg.Processor, h)
+	if err != nil {
+		return nil, err
+	}
+	c.proc = p
+	c.cfg.Processor = p.Config()
+	c.log = cfg.Processor.Ledger.Logger()
+	return c, nil
+}
+
+// Config returns the configuration with defaults applied.
+func (c *Consumer) Config() Config { return c.cfg }
+
+// deadLetterWriter returns Config.DeadLetterWriter, or a new writer that
+// the caller owns (and must close).
+func (c *Consumer) deadLetterWriter() (w *kafka.Writer, owned bool) {
+	if c.cfg.DeadLetterWriter != nil {
+		return c.cfg.DeadLetterWriter, false
+	}
+	return &kafka.Writer{
+		Addr:                   kafka.TCP(c.cfg.Brokers...),
+		Balancer:               &kafka.Hash{},
+		RequiredAcks:           kafka.RequireAll,
+		BatchSize:              1, // each dead letter is written at once
+		AllowAutoTopicCreation: true,
+		Transport:              &kafka.Transport{},
+	}, true
+}
+
+// deadLetterTo publishes to the dead-letter topic through w, with the
+// dead-letter headers, and waits for all in-sync replicas to have it.
+func (c *Consumer) deadLetterTo(w *kafka.Writer) func(context.Context, *consumer.Message, error) error {
+	return func(ctx context.Context, m *consumer.Message, cause error) error {
+		return w.WriteMessages(ctx, kafka.Message{
+			Topic:   c.cfg.DeadLetterTopic,
+			Key:     m.Key,
+			Value:   m.Value,
+			Headers: toKafkaHeaders(consumer.DeadLetterHeadersContext(ctx, c.cfg.Processor.Scope, m, cause)),
+		})
+	}
+}
+
+func (c *Consumer) readerConfig() kafka.ReaderConfig {
+	rc := kafka.ReaderConfig{
+		MaxWait:           time.Second,
+		SessionTimeout:    DefaultSessionTimeout,
+		RebalanceTimeout:  DefaultRebalanceTimeout,
+		HeartbeatInterval: DefaultHeartbeatInterval,
+		JoinGroupBackoff:  DefaultJoinGroupBackoff,
+		QueueCapacity:     max(100, 2*c.cfg.BatchSize),
+		// A partition reader (not a group reader) would otherwise open a
+		// connection to the partition's leader every minute to read its
+		// lag, which nothing here uses.
+		ReadLagInterval: -1,
+		ErrorLogger: kafka.LoggerFunc(func(format string, args ...any) {
+			if c.log.Enabled(context.Background(), slog.LevelWarn) {
+				c.log.Warn("justonce kafka: kafka-go: " + fmt.Sprintf(format, args...))
+			}
+		}),
+	}
+	if c.cfg.Reader != nil {
+		c.cfg.Reader(&rc)
+	}
+	rc.Brokers = c.cfg.Brokers
+	rc.Topic = c.cfg.Topic
+	rc.GroupTopics = nil
+	rc.GroupID = c.cfg.GroupID
+	rc.Partition = 0
+	rc.CommitInterval = 0 // the Consumer commits, after the ledger did
+	return rc
+}
+
+// Run consumes until ctx is done, then shuts down as every front does (see
+// the consumer package, "Fronts"): it stops fetching, lets the attempts in
+// flight finish (up to Config.ShutdownTimeout; fetched messages not yet
+// started are left for redelivery), commits the offsets of what is done,
+// and leaves the group. It returns nil after such a stop; an error only
+// when the reader cannot be configured. A second call returns
+// consumer.ErrRunOnce.
+//
+// A rebalance ends the group's generation, and with it every partition
+// this member holds: the Consumer stops the same way (in-flight attempts
+// get up to the least of ShutdownTimeout and half the rebalance and
+// session timeouts), commits what is done under the ending generation,
+// and only then rejoins.
+// A commit of that generation that comes later is refused by the group
+// coordinator, so an offset never moves back below what the partition's
+// next owner committed.
+func (c *Consumer) Run(ctx context.Context) error {
+	if !c.ran.CompareAndSwap(false, true) {
+		return consumer.ErrRunOnce
+	}
+	defer c.closeWriter()
+	rc := c.readerConfig()
+	if err := rc.Validate(); err != nil {
+		return fmt.Errorf("justonce/kafkainbox: reader config: %w", err)
+	}
+	gc := groupConfig(rc)
+	if err := gc.Validate(); err != nil { // also fills in kafka-go's defaults
+		return fmt.Errorf("justonce/kafkainbox: group config: %w", err)
+	}
+	group, err := kafka.NewConsumerGroup(gc)
+	if err != nil {
+		return fmt.Errorf("justonce/kafkainbox: group config: %w", err)
+	}
+	// At a rebalance the member sends no heartbeats until it rejoins, and
+	// the coordinator waits for it at most the rebalance timeout and drops
+	// it after the session timeout: in-flight attempts get half the lesser.
+	rebalanceGrace := min(c.cfg.ShutdownTimeout, gc.RebalanceTimeout/2, gc.SessionTimeout/2)
+	ctl := newControlChecker(rc.Brokers, rc.Dialer)
+	defer ctl.close()
+	failing := false
+	for ctx.Err() == nil {
+		gen, err := group.Next(ctx)
+		if err != nil {
+			if ctx.Err() == nil && !failing {
+				c.log.WarnContext(ctx, "justonce kafka: joining the group failed, retrying", "group", c.cfg.GroupID, "err", err)
+				failing = true
+			}
+			continue // kafka-go waits JoinGroupBackoff before it tries again
+		}
+		failing = false
+		c.runGeneration(ctx, gen, rc, ctl, rebalanceGrace)
+	}
+	// Leaves the group; the last generation's session has committed.
+	if err := group.Close(); err != nil {
+		c.log.WarnContext(ctx, "justonce kafka: leaving the group", "group", c.cfg.GroupID, "err", err)
+	}
+	// Handlers left behind at a rebalance were cancelled; return once
+	// they have.
+	c.leftover.Wait()
+	return nil
+}
+
+// runGeneration consumes the partitions gen assigns until the generation
+// or ctx ends, and returns once the session has stopped and committed.
+// The session runs in a function the generation waits for, so the member
+// rejoins only after it. When ctx ended, that function waits for Run to
+// close the group, which ends the generation, so that the member leaves
+// rather than joining another generation first (unless a rebalance ended
+// the generation meanwhile: then kafka-go rejoins before Run's Close
+// leaves).
+func (c *Consumer) runGeneration(ctx context.Context, gen *kafka.Generation, rc kafka.ReaderConfig, ctl *controlChecker, rebalanceGrace time.Duration) {
+	stopped := make(chan struct{})
+	gen.Start(func(gctx context.Context) {
+		c.newSession(ctx, gen, rc, ctl).run(ctx, gctx, rebalanceGrace)
+		close(stopped)
+		if ctx.Err() != nil {
+			<-gctx.Done()
+		}
+	})
+	<-stopped
+}
+
+// groupConfig is the consumer group's configuration, from the reader's.
+func groupConfig(rc kafka.ReaderConfig) kafka.ConsumerGroupConfig {
+	return kafka.ConsumerGroupConfig{
+		ID:                     rc.GroupID,
+		Brokers:                rc.Brokers,
+		Dialer:                 rc.Dialer,
+		Topics:                 []string{rc.Topic},
+		GroupBalancers:         rc.GroupBalancers,
+		HeartbeatInterval:      rc.HeartbeatInterval,
+		PartitionWatchInterval: rc.PartitionWatchInterval,
+		WatchPartitionChanges:  rc.WatchPartitionChanges,
+		SessionTimeout:         rc.SessionTimeout,
+		RebalanceTimeout:       rc.RebalanceTimeout,
+		JoinGroupBackoff:       rc.JoinGroupBackoff,
+		RetentionTime:          rc.RetentionTime,
+		StartOffset:            rc.StartOffset,
+		Logger:                 rc.Logger,
+		ErrorLogger:            rc.ErrorLogger,
+	}
+}
+
+// partitionReader returns a reader of one assigned partition, from the
+// group's reader configuration, starting at the assignment's offset (a
+// committed one, or FirstOffset or LastOffset by StartOffset). Its queue
+// is the group's share for one of n partitions.
+func partitionReader(rc kafka.ReaderConfig, a kafka.PartitionAssignment, n int) (*kafka.Reader, error) {
+	pc := rc
+	pc.GroupID = ""
+	pc.Partition = a.ID
+	pc.QueueCapacity = max(16, rc.QueueCapacity/max(1, n))
+	r := kafka.NewReader(pc)
+	if err := r.SetOffset(a.Offset); err != nil {
+		_ = r.Close()
+		return nil, err
+	}
+	return r, nil
+}
+
+func (c *Consumer) closeWriter() {
+	if c.ownWriter {
+		c.closeOwned(c.writer)
+	}
+}
+
+func (c *Consumer) closeOwned(w *kafka.Writer) {
+	if err := w.Close(); err != nil {
+		c.log.Warn("justonce kafka: closing the dead-letter writer", "err", err)
+	}
+	if t, ok := w.Transport.(*kafka.Transport); ok {
+		t.CloseIdleConnections()
+	}
+}
+
+// session is one generation of the group: its partitions' readers, the
+// lanes of messages waiting to run, and the commit watermark.
+//
+// Each lane holds the messages that must run one after the other (one
+// partition, or one key bucket of a partition with ByKey) and is drained
+// by at most one goroutine, which runs them in order. An attempt takes one
+// of Config.Concurrency slots while it runs and gives it back while the
+// runtime's retry loop waits (inSlot): a message waiting to be retried
+// holds up its own lane only, and the other lanes go on. The fetch loop
+// stops fetching only when Config.MaxBuffered messages are waiting in the
+// lanes.
+type session struct {
+	c        *Consumer
+	gen      *kafka.Generation
+	rc       kafka.ReaderConfig
+	ctl      *controlChecker
+	tr       *offsets.Tracker[topicPartition]
+	stopping context.Context    // ends when Run's context ends: no new attempts
+	stop     context.CancelFunc // ends stopping
+	procCtx  context.Context
+	cancel   context.CancelFunc // cancels procCtx
+
+	buffered chan struct{} // a token per message fetched and not yet taken from its lane
+	slots    chan struct{} // a token per attempt running
+	lanesWG  sync.WaitGroup
+
+	mu    sync.Mutex
+	lanes map[laneKey]*lane
+}
+
+// topicPartition names one partition.
+type topicPartition struct {
+	topic     string
+	partition int
+}
+
+// laneKey names the messages that must run in order: a partition, or a
+// key bucket of a partition (ByKey; bucket -1 is the partition's messages
+// without a key, or every message with ByPartition).
+type laneKey struct {
+	tp     topicPartition
+	bucket int
+}
+
+// lane is the queue of one laneKey. Fields other than more are guarded by
+// session.mu.
+type lane struct {
+	msgs    []*consumer.Message
+	running bool          // a goroutine drains it
+	more    chan struct{} // signalled when a message is added (batch linger)
+}
+
+func (c *Consumer) newSession(ctx context.Context, gen *kafka.Generation, rc kafka.ReaderConfig, ctl *controlChecker) *session {
+	// Handlers run on a context that keeps ctx's values but not its
+	// cancellation, so that in-flight work finishes at shutdown.
+	procCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	stopping, stop := context.WithCancel(context.WithoutCancel(ctx))
+	return &session{
+		c:        c,
+		gen:      gen,
+		rc:       rc,
+		ctl:      ctl,
+		tr:       offsets.NewTracker[topicPartition](),
+		stopping: stopping,
+		stop:     stop,
+		procCtx:  procCtx,
+		cancel:   cancel,
+		buffered: make(chan struct{}, max(c.cfg.MaxBuffered, c.cfg.BatchSize)),
+		slots:    make(chan struct{}, c.cfg.Concurrency),
+		lanes:    map[laneKey]*lane{},
+	}
+}
+
+func (s *session) run(ctx, gctx context.Context, rebalanceGrace time.Duration) {
+	defer s.cancel()
+	cfg := s.c.cfg
+	commitCtx, stopCommits := context.WithCancel(s.procCtx)
+	committerDone := make(chan struct{})
+	go func() {
+		defer close(committerDone)
+		s.commitLoop(commitCtx)
+	}()
+
+	// Fetch until Run's context or the generation ends.
+	fetchCtx, stopFetch := context.WithCancel(ctx)
+	defer stopFetch()
+	defer context.AfterFunc(gctx, stopFetch)()
+	assigned := s.gen.Assignments[cfg.Topic]
+	var fetchers sync.WaitGroup
+	for _, a := range assigned {
+		r, err := partitionReader(s.rc, a, len(assigned))
+		if err != nil {
+			s.c.log.WarnContext(ctx, "justonce kafka: cannot read an assigned partition in this generation", "topic", cfg.Topic, "partition", a.ID, "err", err)
+			continue
+		}
+		fetchers.Add(1)
+		go func() {
+			defer fetchers.Done()
+			s.fetch(fetchCtx, r)
+			if err := r.Close(); err != nil {
+				s.c.log.WarnContext(ctx, "justonce kafka: closing a partition's reader", "topic", cfg.Topic, "partition", a.ID, "err", err)
+			}
+		}()
+	}
+	<-fetchCtx.Done()
+	// Stop: no new attempts (a lane started by a fetch loop still
+	// returning ends at once); wait for the fetch loops, then for the
+	// attempts in flight: at shutdown up to ShutdownTimeout, at a
+	// rebalance up to rebalanceGrace, so that this member's commit and
+	// rejoin fit in the time the coordinator waits for it.
+	s.stop()
+	fetchers.Wait()
+	lanesDone := make(chan struct{})
+	go func() {
+		s.lanesWG.Wait()
+		close(lanesDone)
+	}()
+	s.waitInFlight(ctx, gctx, lanesDone, rebalanceGrace)
+	stopCommits()
+	<-committerDone
+	s.commit(context.WithoutCancel(ctx))
+}
+
+// waitInFlight waits for the attempts in flight (lanesDone), at shutdown up to
+// ShutdownTimeout, at a rebalance up to rebalanceGrace; a rebalance that
+// ends the generation during a shutdown's wait cuts it to rebalanceGrace,
+// since the member's heartbeats have stopped. Then it cancels them.
+func (s *session) waitInFlight(ctx, gctx context.Context, lanesDone <-chan struct{}, rebalanceGrace time.Duration) {
+	rebalance := ctx.Err() == nil
+	grace, why := s.c.cfg.ShutdownTimeout, "shutdown"
+	genEnded := gctx.Done()
+	if rebalance {
+		grace, why, genEnded = rebalanceGrace, "rebalance", nil
+	}
+	deadline := time.Now().Add(grace)
+	timer := time.NewTimer(grace)
+	defer timer.Stop()
+wait:
+	for {
+		select {
+		case <-lanesDone:
+			return
+		case <-genEnded:
+			genEnded = nil
+			rebalance, why = true, "rebalance"
+			if time.Until(deadline) > rebalanceGrace {
+				grace = rebalanceGrace
+				timer.Reset(grace)
+			}
+		case <-timer.C:
+			break wait
+		}
+	}
+	s.c.log.WarnContext(ctx, "justonce kafka: in-flight handlers still running at "+why+"; cancelling them", "timeout", grace)
+	s.cancel()
+	if !rebalance {
+		<-lanesDone
+		return
+	}
+	// A handler that ignores its cancellation would hold the generation,
+	// and so the whole group's rebalance. Leave it running: the commit
+	// after the wait stops below its message, which the partition's next
+	// owner reads again. If the handler returns success later its
+	// transaction still commits (the ledger commits on a context of its
+	// own), and its effect still happens once: the next run of its
+	// message waits for the key's lock, then finds the key done. Run
+	// waits for it before it returns.
+	select {
+	case <-lanesDone:
+	case <-time.After(time.Second):
+		s.c.log.ErrorContext(ctx, "justonce kafka: in-flight handlers ignore their cancellation; leaving them behind at the rebalance")
+		s.c.leftover.Add(1)
+		go func() {
+			<-lanesDone
+			s.c.leftover.Done()
+		}()
+	}
+}
+
+// fetch hands the messages r fetches to their lanes until ctx is done.
+func (s *session) fetch(ctx context.Context, r *kafka.Reader) {
+	failing := false
+	for {
+		km, err := r.FetchMessage(ctx)
+		if err == nil {
+			// Room for the message in the buffer shared by the
+			// partitions (taken after the fetch: a quiet partition must
+			// not hold a place while it waits for a message). A message
+			// left here at the stop is not tracked: its offset and the
+			// later ones stay uncommitted.
+			select {
+			case s.buffered <- struct{}{}:
+			case <-ctx.Done():
+				return
+			}
+		}
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			if !failing {
+				s.c.log.WarnContext(ctx, "justonce kafka: fetch failed, retrying", "topic", s.c.cfg.Topic, "partition", r.Config().Partition, "err", err)
+				failing = true
+			}
+			if consumer.Sleep(ctx, 500*time.Millisecond) != nil {
+				return
+			}
+			continue
+		}
+		failing = false
+		s.tr.Fetched(topicPartition{km.Topic, km.Partition}, km.Offset)
+		s.enqueue(s.route(km), fromKafka(km))
+	}
+}
+
+// route picks the lane of a message: its partition, or with ByKey (and
+// Concurrency > 1) a bucket of its key within the partition, so that what
+// must stay ordered stays in one lane.
+func (s *session) route(km kafka.Message) laneKey {
+	k := laneKey{tp: topicPartition{km.Topic, km.Partition}, bucket: -1}
+	if s.c.cfg.Ordering == ByKey {
+		k.bucket = keylane.Of(km.Key, s.c.cfg.Concurrency)
+	}
+	return k
+}
+
+// enqueue appends m to its lane and starts the lane's goroutine if none
+// runs.
+func (s *session) enqueue(k laneKey, m *consumer.Message) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	l := s.lanes[k]
+	if l == nil {
+		l = &lane{more: make(chan struct{}, 1)}
+		s.lanes[k] = l
+	}
+	l.msgs = append(l.msgs, m)
+	select {
+	case l.more <- struct{}{}:
+	default:
+	}
+	if !l.running {
+		l.running = true
+		s.lanesWG.Add(1)
+		go s.drain(l)
+	}
+}
+
+// pop takes up to n messages from the head of l. s.mu must be held.
+func (s *session) pop(l *lane, n int) []*consumer.Message {
+	n = min(n, len(l.msgs))
+	if n == 0 {
+		return nil
+	}
+	out := make([]*consumer.Message, n)
+	copy(out, l.msgs)
+	clear(l.msgs[:n])
+	l.msgs = l.msgs[n:]
+	if len(l.msgs) == 0 {
+		l.msgs = nil
+	}
+	for range n {
+		<-s.buffered // never blocks: each message in a lane holds a token
+	}
+	return out
+}
+
+// next takes the lane's next message (or batch); nil, and the lane's
+// goroutine ends, when the lane is empty or the consumer is stopping
+// (messages still queued are left pending).
+func (s *session) next(l *lane, n int) []*consumer.Message {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped() || len(l.msgs) == 0 {
+		l.running = false
+		return nil
+	}
+	return s.pop(l, n)
+}
+
+// drain runs l's messages in order until it is empty or the consumer
+// stops: one at a time with BatchSize 1; otherwise what is waiting in the
+// lane, up to BatchSize, as one batch (a lone message runs at once).
+func (s *session) drain(l *lane) {
+	defer s.lanesWG.Done()
+	size := max(1, s.c.cfg.BatchSize)
+	for {
+		msgs := s.next(l, size)
+		if msgs == nil {
+			return
+		}
+		if size == 1 {
+			s.handle(msgs[0])
+			continue
+		}
+		if s.c.cfg.BatchLinger > 0 {
+			msgs = s.linger(l, msgs, size)
+		}
+		s.handleBatch(msgs)
+	}
+}
+
+// linger waits up to BatchLinger for the batch to fill up.
+func (s *session) linger(l *lane, batch []*consumer.Message, size int) []*consumer.Message {
+	if len(batch) >= size {
+		return batch
+	}
+	t := time.NewTimer(s.c.cfg.BatchLinger)
+	defer t.Stop()
+	for len(batch) < size {
+		select {
+		case <-l.more:
+			s.mu.Lock()
+			batch = append(batch, s.pop(l, size-len(batch))...)
+			s.mu.Unlock()
+		case <-t.C:
+			return batch
+		case <-s.stopping.Done():
+			return batch
+		}
+	}
+	return batch
+}
+
+func (s *session) stopped() bool { return s.stopping.Err() != nil }
+
+// take takes one of the Concurrency slots; an error when the consumer is
+// stopping.
+func (s *session) take() error {
+	select {
+	case s.slots <- struct{}{}:
+	case <-s.stopping.Done():
+		return context.Cause(s.stopping)
+	}
+	if s.stopped() {
+		<-s.slots
+		return context.Cause(s.stopping)
+	}
+	return nil
+}
+
+// inSlot runs f holding one of the Concurrency slots, and returns false
+// (f not run) when the consumer is stopping. f gets the wait to give the
+// runtime's retry loop (consumer.Processor.Retry): it gives the slot back
+// while the message waits for its next attempt, so that the other lanes go
+// on, takes one again before the attempt, and stops when the consumer
+// stops, without cancelling an attempt in progress (attempts run on
+// procCtx).
+func (s *session) inSlot(f func(wait func(context.Context, time.Duration) error)) bool {
+	if s.take() != nil {
+		return false
+	}
+	held := true
+	defer func() {
+		if held {
+			<-s.slots
+		}
+	}()
+	f(func(_ context.Context, d time.Duration) error {
+		<-s.slots
+		held = false
+		if err := consumer.Sleep(s.stopping, d); err != nil {
+			return err
+		}
+		if err := s.take(); err != nil {
+			return err
+		}
+		held = true
+		return nil
+	})
+	return true
+}
+
+// handle runs one message to its end: done, dead-lettered, or stopped.
+func (s *session) handle(m *consumer.Message) {
+	marker, ok := s.marker(m)
+	switch {
+	case !ok:
+		return // stopping: left pending
+	case marker:
+		s.tr.Done(topicPartition{m.Topic, m.Partition}, m.Offset)
+		return
+	}
+	s.inSlot(func(wait func(context.Context, time.Duration) error) {
+		s.settle(m, s.c.proc.ProcessWithRetry(s.procCtx, m, wait))
+	})
+}
+
+// handleBatch runs a lane's batch in order: runs of messages in shared
+// transactions (consumer.Processor.ProcessRun), each run's decisions
+// settled, and a message to retry retried in place, before the messages
+// behind it run. Offsets not done (and every later one of their partition)
+// stay uncommitted.
+func (s *session) handleBatch(batch []*consumer.Message) {
+	events := batch[:0:0]
+	for _, m := range batch {
+		marker, ok := s.marker(m)
+		switch {
+		case !ok:
+			return // stopping: the rest is left pending
+		case marker:
+			s.tr.Done(topicPartition{m.Topic, m.Partition}, m.Offset)
+		default:
+			events = append(events, m)
+		}
+	}
+	if len(events) == 0 {
+		return
+	}
+	s.inSlot(func(wait func(context.Context, time.Duration) error) {
+		for len(events) > 0 && !s.stopped() {
+			ds := s.c.proc.ProcessRun(s.procCtx, events, consumer.RunLimits{MaxTime: s.c.cfg.BatchMaxTime, Stop: s.stopping.Done()})
+			for i, d := range ds {
+				d = s.c.proc.Retry(s.procCtx, events[i], d, wait)
+				s.settle(events[i], d)
+				if d.Action != consumer.Ack {
+					return // stopped: this one and the rest stay pending
+				}
+			}
+			events = events[len(ds):]
+		}
+	})
+}
+
+// marker reports whether m is a transaction marker, which is skipped: it
+// has the marker's shape and the broker says its batch is a control batch.
+// A plain record of the same shape is not a marker: it runs, or without an
+// event ID follows the no-ID policy (dead letter, or Processor.AllowNoID).
+// ok is false when the consumer stopped before the broker answered.
+func (s *session) marker(m *consumer.Message) (marker, ok bool) {
+	km, _ := m.Raw.(kafka.Message)
+	if !looksLikeMarker(km) {
+		return false, true
+	}
+	tp := topicPartition{m.Topic, m.Partition}
+	failing := false
+	for {
+		ctl, err := s.ctl.isControl(s.procCtx, tp, m.Offset)
+		if err == nil {
+			if ctl {
+				s.c.log.Debug("justonce kafka: skipping a transaction marker", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
+			}
+			return ctl, true
+		}
+		if !failing {
+			s.c.log.Warn("justonce kafka: cannot tell whether a record is a transaction marker; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
+			failing = true
+		}
+		if consumer.Sleep(s.stopping, 500*time.Millisecond) != nil {
+			return false, false
+		}
+	}
+}
+
+// settle marks an acked message done for the commit watermark. A stopped
+// one stays pending: its offset is never committed by this member.
+func (s *session) settle(m *consumer.Message, d consumer.Decision) {
+	if d.Action == consumer.Ack {
+		s.tr.Done(topicPartition{m.Topic, m.Partition}, m.Offset)
+	}
+}
+
+// commitLoop commits the watermark every CommitInterval until ctx is done.
+func (s *session) commitLoop(ctx context.Context) {
+	t := time.NewTicker(s.c.cfg.CommitInterval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			s.commit(ctx)
+		}
+	}
+}
+
+// commit commits, for each partition, the offset below which everything
+// is done, under the session's generation. A failed commit (a broker away,
+// or the generation over: the coordinator refuses it) is logged and, while
+// the generation lasts, tried again next time: the offsets stay where they
+// were, so messages may come again, and the ledger skips them.
+func (s *session) commit(ctx context.Context) {
+	offs := s.tr.Committable(nil)
+	if len(offs) == 0 {
+		return
+	}
+	byTopic := map[string]map[int]int64{}
+	for tp, next := range offs {
+		if byTopic[tp.topic] == nil {
+			byTopic[tp.topic] = map[int]int64{}
+		}
+		byTopic[tp.topic][tp.partition] = next
+	}
+	if err := s.gen.CommitOffsets(byTopic); err != nil {
+		s.c.log.WarnContext(ctx, "justonce kafka: offset commit failed; will retry while the generation lasts (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "generation", s.gen.ID, "err", err)
+		return
+	}
+	s.tr.Committed(offs)
+}
