@@ -78,6 +78,51 @@ func ExampleNew() {
 	// invoices: 2
 }
 
+// Replay the topic from a time: what the ledger has done is skipped, only
+// the missing events run. A replay joins no group and commits no offset.
+func ExampleConsumer_Replay() {
+	ex := setUp("order-1", "order-2", "order-3") // the events, published; a migrated schema
+	defer ex.tearDown()
+	ctx := context.Background()
+
+	ledger, err := inbox.New(ex.pool, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	if _, err := ex.pool.Exec(ctx, `CREATE TABLE invoices (order_id text NOT NULL)`); err != nil {
+		log.Fatal(err)
+	}
+	// order-1 ran before, in the consumer's scope.
+	done := func(context.Context, pgx.Tx) (inbox.Result, error) { return inbox.Result{}, nil }
+	if _, err := ledger.Do(ctx, inbox.Request{Key: inbox.Key{Scope: "billing", ID: "order-1"}}, done); err != nil {
+		log.Fatal(err)
+	}
+	handler := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
+		return err
+	}
+	c, err := kafkainbox.New(kafkainbox.Config{Brokers: ex.brokers, Topic: ex.topic, GroupID: ex.group,
+		Processor: consumer.Config{Ledger: ledger, Scope: "billing"}}, handler)
+	if err != nil {
+		log.Fatal(err)
+	}
+
+	since := kafkainbox.ReplayConfig{StartTime: time.Now().Add(-24 * time.Hour)}
+	rep, err := c.Replay(ctx, since, consumer.ReplayOptions{DryRun: true}) // drop DryRun to run the missing ones
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("dry run: seen %d, skipped %d, would run %d\n", rep.Total.Seen, rep.Total.Skipped, rep.Total.Ran)
+	rep, err = c.Replay(ctx, since, consumer.ReplayOptions{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	fmt.Printf("replay: seen %d, skipped %d, ran %d\n", rep.Total.Seen, rep.Total.Skipped, rep.Total.Ran)
+	// Output:
+	// dry run: seen 3, skipped 1, would run 2
+	// replay: seen 3, skipped 1, ran 2
+}
+
 func ExampleNewMessage() {
 	m := kafkainbox.NewMessage("order-42", []byte("customer-7"), []byte(`{"total": 10}`))
 	fmt.Printf("%s=%s key=%s\n", m.Headers[0].Key, m.Headers[0].Value, m.Key)
