@@ -58,5 +58,5 @@
 //
 // Package httpretry is the client side: an http.RoundTripper that adds a
 // key and retries with it. The full rules, limits and failure tables are
-// in the package's README.md.
+// in the handbook: https://github.com/justonce/justonce/blob/main/docs/http.md
 package httpbridge
