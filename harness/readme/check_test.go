@@ -19,7 +19,7 @@ import (
 type failure struct {
 	file string // repository-relative
 	line int
-	kind string // "go block", "link", "metric", "flag", "header", "problem type", "identifier"
+	kind string // "go block", "link", "metric", "flag", "header", "problem type", "identifier", "path", "make target"
 	name string // what the document wrote, as the known-failures list names it
 	msg  string
 }
@@ -286,15 +286,15 @@ func checkNames(f *mdFile, x *codeIndex) (fails []failure, checked map[string]in
 type nameChecker struct {
 	f       *mdFile
 	x       *codeIndex
-	home    []*pkgInfo // the package whose README f is, if any
+	home    []*pkgInfo      // the package whose README f is, if any
+	seen    map[string]bool // failures reported: line, kind, name
 	fails   []failure
-	seen    map[string]bool
 	checked map[string]int
 	allowed map[string]bool
 }
 
 func (c *nameChecker) fail(line int, kind, name, msg string) {
-	k := fmt.Sprint(line, kind, name)
+	k := fmt.Sprint(line, " ", kind, " ", name)
 	if c.seen == nil {
 		c.seen = map[string]bool{}
 	}
@@ -332,17 +332,18 @@ func (c *nameChecker) unit(u unit) {
 	for _, s := range spans {
 		cli = cli || isCLISpan(s.text)
 	}
-	home := c.home
+	home := slices.Clone(c.home)
 	for _, h := range u.headings {
 		for _, s := range codeSpans(h, 0) {
 			cli = cli || isCLISpan(s.text)
 			home = append(home, c.spanPackages(s.text)...)
 		}
 	}
+	masked := maskSpans(u.text, spans)
 	for _, s := range spans {
 		c.metric(s)
 		c.header(s)
-		c.problem(u, s)
+		c.problem(u.text, masked, s)
 		if strings.HasPrefix(s.text, "justonce ") || cli && strings.HasPrefix(s.text, "--") {
 			c.flags(s.line, s.text)
 		}
@@ -354,7 +355,7 @@ func (c *nameChecker) unit(u unit) {
 		}
 	}
 	if u.table != nil && u.row > 0 {
-		c.configRow(u, home)
+		c.configRow(u)
 	}
 }
 
@@ -459,8 +460,9 @@ func (c *nameChecker) problemMsg() string {
 
 // problem checks a span that names a problem type: a slug right after an
 // HTTP status ("409 `request-in-progress`"), or after the words "problem
-// type" in the same unit; or the type's full URI.
-func (c *nameChecker) problem(u unit, s span) {
+// type" in the same sentence; or the type's full URI. text is the span's
+// unit, masked the same with its code spans blanked.
+func (c *nameChecker) problem(text, masked string, s span) {
 	if c.x.problemBase != "" {
 		if slug, ok := strings.CutPrefix(s.text, c.x.problemBase); ok {
 			if slug != "" {
@@ -475,8 +477,8 @@ func (c *nameChecker) problem(u unit, s span) {
 	if !problemSlug.MatchString(s.text) {
 		return
 	}
-	before := strings.TrimRight(u.text[:s.start], " \t\n")
-	if statusBefore.MatchString(before) || afterProblemWords(maskSpans(u.text, codeSpans(u.text, u.line))[:s.start]) {
+	before := strings.TrimRight(text[:s.start], " \t\n")
+	if statusBefore.MatchString(before) || afterProblemWords(masked[:s.start]) {
 		c.checked["problem type"]++
 		if !c.x.problems[s.text] {
 			c.fail(s.line, "problem type", s.text, c.problemMsg())
@@ -724,7 +726,7 @@ func (c *nameChecker) reference(line int, ch []string, home []*pkgInfo, field bo
 	if len(cands) == 0 {
 		return // neither: another library's, or a name the index cannot follow
 	}
-	cands = slices.Compact(cands)
+	cands = dedupe(cands)
 	c.checked["identifier"]++
 	var tried []string
 	for _, t := range cands {
@@ -740,6 +742,17 @@ func (c *nameChecker) reference(line int, ch []string, home []*pkgInfo, field bo
 		what = "field"
 	}
 	c.fail(line, "identifier", name, fmt.Sprintf("no %s %s in %s", what, strings.Join(ch[1:], "."), strings.Join(tried, ", ")))
+}
+
+// dedupe drops the types seen before in ts.
+func dedupe(ts []*typeInfo) []*typeInfo {
+	var out []*typeInfo
+	for _, t := range ts {
+		if !slices.Contains(out, t) {
+			out = append(out, t)
+		}
+	}
+	return out
 }
 
 // typesNamed returns the types called name in pkgs, or in every package
@@ -837,7 +850,7 @@ func (c *nameChecker) members(t *typeInfo, names []string) string {
 // whose header's first cell names the type (`kafkainbox.Config` /
 // `franzinbox.Config`), or is "field" under a heading that names it. Every
 // bare name in the cell must be a field (or method) of each type named.
-func (c *nameChecker) configRow(u unit, home []*pkgInfo) {
+func (c *nameChecker) configRow(u unit) {
 	types := c.tableTypes(u)
 	if len(types) == 0 {
 		return

@@ -220,8 +220,7 @@ func (x *codeIndex) indexDir(root, dir string, files []string, modules map[strin
 	sort.Strings(files)
 	p := &pkgInfo{dir: dir, path: importPath(dir, modules), types: map[string]*typeInfo{}, values: map[string]bool{}}
 	var examples []string
-	var cliFiles []*ast.File
-	var consts []*ast.File
+	var cliFiles, bridgeFiles []*ast.File
 	for _, rel := range files {
 		fset := token.NewFileSet()
 		f, err := parser.ParseFile(fset, filepath.Join(root, filepath.FromSlash(rel)), nil, parser.SkipObjectResolution)
@@ -236,15 +235,15 @@ func (x *codeIndex) indexDir(root, dir string, files []string, modules map[strin
 			}
 			continue
 		}
-		if p.name == "" {
-			p.name = f.Name.Name
+		if p.name == "" || p.name == "main" {
+			p.name = f.Name.Name // a library's files win over a tool's main beside them
 		}
 		x.indexLiterals(f, dir == metricPkg)
 		if dir == cliDir {
 			cliFiles = append(cliFiles, f)
 		}
 		if dir == bridgeDir {
-			consts = append(consts, f)
+			bridgeFiles = append(bridgeFiles, f)
 		}
 		if f.Name.Name == "main" {
 			continue
@@ -275,8 +274,8 @@ func (x *codeIndex) indexDir(root, dir string, files []string, modules map[strin
 	if len(cliFiles) > 0 {
 		x.indexFlags(cliFiles)
 	}
-	if len(consts) > 0 {
-		x.indexProblems(consts)
+	if len(bridgeFiles) > 0 {
+		x.indexProblems(bridgeFiles)
 	}
 	if p.name == "" || p.name == "main" {
 		return nil

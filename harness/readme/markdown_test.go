@@ -90,6 +90,7 @@ func parseMarkdown(path, src string) *mdFile {
 		tableRows int
 		lastText  string // the last non-blank line, for the not-compiled marker
 		inList    bool   // the last unit was a list item (indented lines continue it)
+		inComment bool   // inside an HTML comment that spans lines
 	)
 	flush := func() {
 		if cur != nil {
@@ -114,8 +115,12 @@ func parseMarkdown(path, src string) *mdFile {
 		}
 	}
 	for i := 0; i < len(f.lines); i++ {
-		l := f.lines[i]
+		raw := f.lines[i]
 		n := i + 1
+		// What GitHub renders: HTML comments are not (a comment line ends
+		// a paragraph, as a blank line does). Blanking keeps offsets.
+		var l string
+		l, inComment = hideComments(raw, inComment)
 		if m := fenceOpen.FindStringSubmatch(l); m != nil {
 			flush()
 			curTable = nil
@@ -145,6 +150,9 @@ func parseMarkdown(path, src string) *mdFile {
 		if strings.TrimSpace(l) == "" {
 			flush()
 			curTable = nil
+			if strings.TrimSpace(raw) != "" {
+				lastText = raw // a comment: perhaps the not-compiled marker
+			}
 			continue
 		}
 		// An indented code block: indented by four, after a blank line,
@@ -214,6 +222,26 @@ func parseMarkdown(path, src string) *mdFile {
 	}
 	flush()
 	return f
+}
+
+var htmlComment = regexp.MustCompile(`<!--.*?-->`)
+
+// hideComments blanks the HTML comments of a line; inComment says whether
+// the line starts inside one, and the result whether the next line does.
+func hideComments(line string, inComment bool) (string, bool) {
+	blank := func(s string) string { return strings.Repeat(" ", len(s)) }
+	if inComment {
+		end := strings.Index(line, "-->")
+		if end < 0 {
+			return blank(line), true
+		}
+		line = blank(line[:end+3]) + line[end+3:]
+	}
+	line = htmlComment.ReplaceAllStringFunc(line, blank)
+	if open := strings.Index(line, "<!--"); open >= 0 {
+		return line[:open] + blank(line[open:]), true
+	}
+	return line, false
 }
 
 // splitRow splits a table row into its cells, trimmed; a '|' inside a code

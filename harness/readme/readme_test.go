@@ -1,21 +1,31 @@
 // Package readme checks that the repository's documentation cannot rot:
-// README.md, every Markdown page under docs/ and every package README.
+// README.md, every Markdown page under docs/ (recursively) and every
+// README.md of the tree.
 //
 //  1. Every ```go block is compiled and run by go test: it must be a run of
 //     lines of an Example function's body somewhere in the repository's
-//     test files. A block that is deliberately a fragment (a signature, an
-//     interface) is marked with <!-- not-compiled: reason --> as the last
-//     non-blank line before its fence, and counted.
-//  2. Every relative link resolves: the file exists and an anchor names a
-//     heading of the Markdown file it points into, by GitHub's slug rules.
-//     Links with a scheme (https://...) are not fetched.
+//     test files (blank lines and a leading import block aside). A block
+//     that is deliberately a fragment (a signature, an interface) is marked
+//     with <!-- not-compiled: reason --> as the last non-blank line before
+//     its fence; the test counts and lists the marked blocks.
+//  2. Every relative link resolves: the file exists, and an anchor
+//     (#section) names a heading of the Markdown file it points into by
+//     GitHub's slug rules (lower case, spaces to '-', punctuation other
+//     than '-' and '_' dropped, duplicates -1, -2, ...) or an explicit
+//     <a name> / <a id>. Links with a scheme (https://...) are not fetched.
 //  3. The names the text puts in code spans exist in the code: metric names
-//     (justonce_...), the justonce CLI's flags (--flag, where the text is
-//     about the CLI), HTTP header names (Idempotency-Key), the HTTP bridge's
-//     problem types (request-in-progress), and references to the
-//     repository's Go packages (pkg.Name, pkg.Type.Field, Type.Field,
-//     pkg.Type{Field: ...}, and the first column of a configuration table).
+//     (justonce_...); the justonce CLI's flags (--flag, in a span or
+//     paragraph that shows a justonce command, and on justonce command
+//     lines of code blocks); HTTP header names (Idempotency-Key, checked
+//     against the code's string literals, with headerAllowed for the few
+//     the code never writes); the HTTP bridge's problem types (a slug after
+//     an HTTP status or the words "problem type", and the full type URI);
+//     references to the repository's Go packages (pkg.Name, pkg.Type.Field,
+//     Type.Field, pkg.Type{Field: ...}, and the first column of a
+//     configuration table); repository paths and go command package paths;
+//     make targets.
 //
+// What fails today is listed in knownFailures until the text is fixed.
 // Everything is read with go/parser and go/ast; nothing is built or loaded.
 package readme
 
@@ -33,10 +43,11 @@ import (
 // root is the repository root, two folders up.
 const root = "../.."
 
-// knownFailures are what the checks find wrong in today's documentation,
-// each "file: name" as the failure names it. It is temporary: the
-// documentation's owner fixes the text and deletes the entry. An entry
-// that no longer fails fails the test, so the list cannot go stale.
+// knownFailures is TEMPORARY: what the checks find wrong in the
+// documentation as it stands, each "file: name" as the failure names it,
+// so that go test passes while the text is rewritten. Whoever fixes the
+// text deletes the entry; an entry that no longer fails fails the test, so
+// the list cannot go stale. Add nothing to it: fix the text instead.
 var knownFailures = []string{
 	"httpbridge/README.md: in-progress",
 }
