@@ -340,7 +340,14 @@ func (c *nameChecker) unit(u unit) {
 		}
 	}
 	masked := maskSpans(u.text, spans)
+	oldNames := -1 // in a "was | now" table, the first cell names what no longer exists
+	if u.table != nil && u.row > 0 && len(u.table.header) > 0 && strings.EqualFold(strings.TrimSpace(u.table.header[0]), "was") {
+		oldNames = firstCellEnd(u.text)
+	}
 	for _, s := range spans {
+		if s.start < oldNames {
+			continue
+		}
 		c.metric(s)
 		c.header(s)
 		c.problem(u.text, masked, s)
@@ -899,4 +906,28 @@ func (c *nameChecker) tableTypes(u unit) []*typeInfo {
 		return typesIn(u.headings[len(u.headings)-1])
 	}
 	return nil
+}
+
+// firstCellEnd is the byte offset in a table row's text of the pipe that
+// ends its first cell (pipes inside code spans and escaped ones do not
+// count), or -1.
+func firstCellEnd(row string) int {
+	start := strings.Index(row, "|")
+	if start < 0 {
+		return -1
+	}
+	inCode := false
+	for i := start + 1; i < len(row); i++ {
+		switch row[i] {
+		case '`':
+			inCode = !inCode
+		case '\\':
+			i++
+		case '|':
+			if !inCode {
+				return i
+			}
+		}
+	}
+	return -1
 }
