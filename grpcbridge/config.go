@@ -8,21 +8,25 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/justonce/justonce/grpcretry"
 	"github.com/justonce/justonce/inbox"
 )
 
 // Defaults.
 const (
-	// DefaultMetadataKey is the request metadata carrying the key.
-	DefaultMetadataKey = "idempotency-key"
+	// DefaultMetadataKey is the request metadata carrying the key, the
+	// one grpcretry writes.
+	DefaultMetadataKey = grpcretry.DefaultMetadataKey
 	// DefaultFirstSentKey is the request metadata carrying first_sent
-	// (RFC 3339) when the key comes from metadata.
-	DefaultFirstSentKey = "idempotency-first-sent"
+	// (RFC 3339) when the key comes from metadata, the one grpcretry
+	// writes.
+	DefaultFirstSentKey = grpcretry.DefaultFirstSentKey
 	// DefaultReplayHeader is set to "true" in the header metadata of a
 	// replayed response.
 	DefaultReplayHeader = "idempotent-replayed"
-	// DefaultField is the request message field of AEP-155.
-	DefaultField = "idempotency_key"
+	// DefaultField is the request message field of AEP-155, the one
+	// grpcretry fills.
+	DefaultField = grpcretry.DefaultField
 	// DefaultRetryAfter is the delay in the RetryInfo of retryable answers.
 	DefaultRetryAfter = time.Second
 	// DefaultHandlerTimeout bounds a keyed handler's run.

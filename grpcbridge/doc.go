@@ -134,9 +134,11 @@
 //
 // # Client side
 //
-// UnaryClientInterceptor gives calls without a key a UUID v4 key and
+// The client half is package grpcretry, which links no database driver:
+// its UnaryClientInterceptor gives calls without a key a UUID v4 key and
 // first_sent, in the request's AEP-155 field when it has one (on a copy)
-// and otherwise in metadata, and retries Aborted, Unavailable,
-// ResourceExhausted, Internal, Unknown and DeadlineExceeded (while the
-// caller's context lives) with the same key, honouring RetryInfo.
+// and otherwise in the metadata this package reads by default, and
+// retries Aborted, Unavailable, ResourceExhausted, Internal, Unknown and
+// DeadlineExceeded (while the caller's context lives) with the same key,
+// honouring RetryInfo.
 package grpcbridge
