@@ -39,10 +39,10 @@ const NewRequestSuffixLen = 17
 // empty"); the front wraps them as its configuration error.
 func (s Spec) Validate() error {
 	if s.Scope == "" {
-		return errors.New("Scope is empty")
+		return errors.New("empty Scope")
 	}
 	if err := (inbox.Key{Scope: s.Scope, ID: "x"}).Validate(0); err != nil {
-		return fmt.Errorf("Scope: %w", err)
+		return fmt.Errorf("invalid Scope: %w", err)
 	}
 	switch {
 	case s.Principal > inbox.PrincipalShared:

@@ -31,8 +31,8 @@ func TestValidate(t *testing.T) {
 		t.Fatal(err)
 	}
 	for want, s := range map[string]Spec{
-		"Scope is empty":            {},
-		"Scope: ":                   {Scope: "a\x00b"},
+		"empty Scope":               {},
+		"invalid Scope: ":           {Scope: "a\x00b"},
 		"unknown PrincipalPolicy 2": {Scope: "s", Principal: 2},
 		"TTL is negative":           {Scope: "s", TTL: -1},
 		"LockWait is negative":      {Scope: "s", LockWait: -1},
