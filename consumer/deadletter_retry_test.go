@@ -10,6 +10,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
 )
@@ -24,7 +25,7 @@ func TestDeadLetterPublishRetriedWithoutRerunningHandler(t *testing.T) {
 	var stamps []time.Time
 	cfg := f.cfg()
 	cfg.MaxAttempts = 1
-	cfg.StoreBackoff = consumer.Backoff{Initial: 5 * time.Millisecond, Max: 40 * time.Millisecond}
+	cfg.StoreBackoff = backoff.Backoff{Initial: 5 * time.Millisecond, Max: 40 * time.Millisecond}
 	cfg.DeadLetter = func(context.Context, *consumer.Message, error) error {
 		stamps = append(stamps, time.Now())
 		if publishes.Add(1) <= 5 {

@@ -18,6 +18,7 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
 )
@@ -147,7 +148,7 @@ func TestTransientAfterHandlerIsBounded(t *testing.T) {
 			cfg := f.cfg()
 			cfg.MaxAttempts = 2
 			cfg.MaxUncounted = 3
-			cfg.StoreBackoff = consumer.Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond}
+			cfg.StoreBackoff = backoff.Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond}
 			var calls atomic.Int64
 			var first consumer.Decision
 			p, err := consumer.New(cfg, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
@@ -311,7 +312,7 @@ func TestOutageBacksOffAndLogsOncePerEpisode(t *testing.T) {
 
 	cfg := f.cfg()
 	cfg.Ledger = l
-	sb := consumer.Backoff{Initial: 10 * time.Millisecond, Max: 80 * time.Millisecond, Multiplier: 2}
+	sb := backoff.Backoff{Initial: 10 * time.Millisecond, Max: 80 * time.Millisecond, Multiplier: 2}
 	cfg.StoreBackoff = sb
 	var calls atomic.Int64
 	p, err := consumer.New(cfg, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

@@ -14,8 +14,8 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/inbox"
-	"github.com/justonce/justonce/internal/backoff"
 )
 
 // Handler handles one event inside the ledger's transaction: its writes
@@ -37,27 +37,15 @@ type Hooks struct {
 	OnDeadLetter func(m *Message, cause error)
 }
 
-// Backoff is exponential backoff with jitter: attempt n waits a random time
-// between half and all of min(Initial·Multiplier^(n-1), Max).
-type Backoff struct {
-	Initial    time.Duration // default 100 ms
-	Max        time.Duration // default 30 s
-	Multiplier float64       // default 2
-}
+// Backoff is backoff.Backoff under the runtime's former name: an alias,
+// the same type, so that code written against consumer.Backoff compiles
+// unchanged. Config's fields are of type backoff.Backoff.
+type Backoff = backoff.Backoff
 
-// Delay returns the wait after the given failed attempt (from 1).
-func (b Backoff) Delay(attempt int) time.Duration {
-	if b.Initial <= 0 {
-		b.Initial = 100 * time.Millisecond
-	}
-	if b.Max <= 0 {
-		b.Max = 30 * time.Second
-	}
-	if b.Multiplier < 1 {
-		b.Multiplier = 2
-	}
-	return backoff.Delay(b.Initial, b.Max, b.Multiplier, attempt)
-}
+// DefaultBackoffMax is the longest wait between a message's attempts when
+// Config.Backoff.Max is unset: 30 s, backoff.DefaultMax. (The HTTP and gRPC
+// clients wait at most 5 s, as a caller is waiting for them.)
+const DefaultBackoffMax = 30 * time.Second
 
 // Config configures a Processor.
 type Config struct {
@@ -95,14 +83,15 @@ type Config struct {
 	// handler never ran (the ledger could not reach the database) never
 	// count, however long the outage. Default 50.
 	MaxUncounted int
-	// Backoff between attempts.
-	Backoff Backoff
+	// Backoff between attempts. Unset fields: 100 ms, DefaultBackoffMax
+	// (30 s), multiplier 2.
+	Backoff backoff.Backoff
 	// StoreBackoff between attempts while the database is unreachable;
 	// those attempts do not count toward MaxAttempts. The delay grows with
 	// each failure of the outage, across all the processor's messages, and
-	// starts again from Initial once the database answers. Default 200 ms
-	// to 5 s.
-	StoreBackoff Backoff
+	// starts again from Initial once the database answers. Default, when
+	// its Initial is unset: 200 ms to 5 s, multiplier 2.
+	StoreBackoff backoff.Backoff
 	// Retryable decides whether a handler error is worth retrying. Default:
 	// every error except those wrapped with Permanent.
 	Retryable func(error) bool
@@ -159,8 +148,9 @@ func New(cfg Config, h Handler) (*Processor, error) {
 	if cfg.MaxUncounted <= 0 {
 		cfg.MaxUncounted = 50
 	}
+	cfg.Backoff = cfg.Backoff.Or(backoff.Backoff{Max: DefaultBackoffMax})
 	if cfg.StoreBackoff.Initial == 0 {
-		cfg.StoreBackoff = Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second}
+		cfg.StoreBackoff = backoff.Backoff{Initial: 200 * time.Millisecond, Max: 5 * time.Second}
 	}
 	if cfg.Retryable == nil {
 		cfg.Retryable = func(err error) bool { return !IsPermanent(err) }

@@ -13,6 +13,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
@@ -38,7 +39,7 @@ func setup(t *testing.T) *fx {
 func (f *fx) cfg() consumer.Config {
 	return consumer.Config{
 		Ledger: f.ledger, Scope: "test", Source: inbox.Source("kafka"), MaxAttempts: 3,
-		Backoff: consumer.Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond},
+		Backoff: backoff.Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond},
 		DeadLetter: func(_ context.Context, m *consumer.Message, _ error) error {
 			f.mu.Lock()
 			defer f.mu.Unlock()
@@ -312,7 +313,7 @@ func TestCommitUnknownOnTheLastAttemptIsLookedUp(t *testing.T) {
 	cfg := f.cfg()
 	cfg.MaxAttempts = 1
 	cfg.MaxUncounted = 1
-	cfg.StoreBackoff = consumer.Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond}
+	cfg.StoreBackoff = backoff.Backoff{Initial: time.Millisecond, Max: 2 * time.Millisecond}
 	var attempts atomic.Int64
 	var fired []<-chan struct{}
 	p, err := consumer.New(cfg, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {

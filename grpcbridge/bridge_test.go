@@ -18,7 +18,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/grpcbridge"
+	"github.com/justonce/justonce/grpcretry"
 	"github.com/justonce/justonce/harness/grpctest/testpb"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
@@ -30,8 +32,8 @@ import (
 // Aborted ones with the same key until every caller has the one order.
 func TestConcurrentIdenticalCallsRunOnce(t *testing.T) {
 	e := setup(t, envOpts{client: []grpc.DialOption{grpc.WithUnaryInterceptor(
-		grpcbridge.UnaryClientInterceptor(grpcbridge.ClientConfig{MaxAttempts: 200,
-			Backoff: grpcbridge.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}}))}})
+		grpcretry.UnaryClientInterceptor(grpcretry.Config{MaxAttempts: 200,
+			Backoff: backoff.Backoff{Initial: 10 * time.Millisecond, Max: 100 * time.Millisecond}}))}})
 	ctx := withKey(ctxT(t), uuid.NewString())
 	const n = 500
 	var (
@@ -354,48 +356,6 @@ func TestFirstSentRules(t *testing.T) {
 	require.Equal(t, "idempotency-first-sent", br.GetFieldViolations()[0].GetField())
 	_, err = e2.client.CreateOrder(withKey(ctx, "m1", now), mk("", nil))
 	require.NoError(t, err)
-}
-
-// The client interceptor puts a key and first_sent in the AEP field when
-// the request has one, keeps the caller's message as it was, and retries
-// Aborted with the same key.
-func TestClientInterceptorAEPField(t *testing.T) {
-	e := setup(t, envOpts{
-		cfg: grpcbridge.Config{Methods: map[string]grpcbridge.MethodConfig{
-			createOrder: {Scope: "orders", Key: grpcbridge.KeyFromMessage, Required: true, RequireFirstSent: true, KeyFormat: grpcbridge.KeyUUID}}},
-		client: []grpc.DialOption{grpc.WithUnaryInterceptor(grpcbridge.UnaryClientInterceptor(grpcbridge.ClientConfig{
-			Backoff: grpcbridge.Backoff{Initial: 10 * time.Millisecond}}))},
-	})
-	req := &testpb.CreateOrderRequest{Item: "book", Quantity: 1}
-	_, err := e.client.CreateOrder(ctxT(t), req)
-	require.NoError(t, err)
-	require.Nil(t, req.GetIdempotencyKey(), "the caller's message is not changed")
-	require.EqualValues(t, 1, e.svc.runs.Load())
-
-	// Explicit key: an in-flight answer is retried with the same key, and
-	// the retry gets the replay.
-	k := uuid.NewString()
-	req = &testpb.CreateOrderRequest{Item: "pen", Quantity: 1, IdempotencyKey: &testpb.IdempotencyKey{Key: k, FirstSent: timestamppb.Now()}}
-	e.svc.started, e.svc.release = make(chan struct{}, 1), make(chan struct{})
-	first := make(chan error, 1)
-	go func() {
-		_, err := e.client.CreateOrder(ctxT(t), req)
-		first <- err
-	}()
-	<-e.svc.started
-	second := make(chan error, 1)
-	var hdr metadata.MD
-	go func() {
-		_, err := e.client.CreateOrder(ctxT(t), req, grpc.Header(&hdr))
-		second <- err
-	}()
-	require.Eventually(t, func() bool { return e.ledger.Counters().InFlight > 0 }, 5*time.Second, 5*time.Millisecond)
-	close(e.svc.release)
-	require.NoError(t, <-first)
-	require.NoError(t, <-second)
-	require.Equal(t, []string{"true"}, hdr.Get("idempotent-replayed"))
-	require.EqualValues(t, 2, e.svc.runs.Load())
-	require.Equal(t, 2, e.orders(t))
 }
 
 func TestConfigValidate(t *testing.T) {

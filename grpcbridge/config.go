@@ -8,21 +8,26 @@ import (
 
 	"google.golang.org/grpc/codes"
 
+	"github.com/justonce/justonce/grpcretry"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/bridgereq"
 )
 
 // Defaults.
 const (
-	// DefaultMetadataKey is the request metadata carrying the key.
-	DefaultMetadataKey = "idempotency-key"
+	// DefaultMetadataKey is the request metadata carrying the key, the
+	// one grpcretry writes.
+	DefaultMetadataKey = grpcretry.DefaultMetadataKey
 	// DefaultFirstSentKey is the request metadata carrying first_sent
-	// (RFC 3339) when the key comes from metadata.
-	DefaultFirstSentKey = "idempotency-first-sent"
+	// (RFC 3339) when the key comes from metadata, the one grpcretry
+	// writes.
+	DefaultFirstSentKey = grpcretry.DefaultFirstSentKey
 	// DefaultReplayHeader is set to "true" in the header metadata of a
 	// replayed response.
 	DefaultReplayHeader = "idempotent-replayed"
-	// DefaultField is the request message field of AEP-155.
-	DefaultField = "idempotency_key"
+	// DefaultField is the request message field of AEP-155, the one
+	// grpcretry fills.
+	DefaultField = grpcretry.DefaultField
 	// DefaultRetryAfter is the delay in the RetryInfo of retryable answers.
 	DefaultRetryAfter = time.Second
 	// DefaultHandlerTimeout bounds a keyed handler's run.
@@ -107,31 +112,17 @@ type KeyFormat uint8
 
 // Key formats.
 const (
-	// KeyAny accepts printable ASCII, 1 to 255 bytes.
+	// KeyAny accepts printable ASCII, 1 to 255 bytes; 1 to 231 on a
+	// method that isolates keys per principal (Config.Principal set and
+	// MethodConfig.PrincipalKeys inbox.PrincipalIsolated, the default), as
+	// the ledger ID also holds the principal's digest. The limit is the
+	// method's: it holds on every call, also one whose principal is "".
 	KeyAny KeyFormat = iota
 	// KeyUUID accepts only UUIDs (8-4-4-4-12 hex digits, any version),
 	// compared case-insensitively.
 	KeyUUID
 	// KeyAEP accepts printable ASCII of 1 to 36 bytes, AEP-155's limit.
 	KeyAEP
-)
-
-// PrincipalPolicy says whether a method's keys are isolated per
-// principal (Config.Principal).
-type PrincipalPolicy uint8
-
-// Principal policies.
-const (
-	// PrincipalIsolated (the default) gives each principal its own key
-	// space: the ledger ID of a call with a principal is
-	// PrincipalKeyID(key, principal), the one the HTTP bridge uses. A key
-	// replays only to the principal that sent it; another principal's call
-	// with the same key runs on its own.
-	PrincipalIsolated PrincipalPolicy = iota
-	// PrincipalShared keys calls by the key alone; the principal is
-	// recorded for audit only. Use it for methods whose keys are shared
-	// with a consumer.
-	PrincipalShared
 )
 
 // MethodConfig is the policy of one method (or service). Its zero values
@@ -173,9 +164,15 @@ type MethodConfig struct {
 	// FingerprintMetadata names request metadata that take part in the
 	// fingerprint (an API version, say). Default none.
 	FingerprintMetadata []string
-	// PrincipalKeys says whether keys are isolated per principal. Default
-	// PrincipalIsolated.
-	PrincipalKeys PrincipalPolicy
+	// PrincipalKeys says whether keys are isolated per principal when
+	// Config.Principal is set. Default inbox.PrincipalIsolated: the ledger
+	// ID of a call with a principal is inbox.PrincipalKeyID(key,
+	// principal), the one the HTTP bridge uses, and the method takes keys
+	// of at most 231 bytes, on every call, also one whose principal is "".
+	// inbox.PrincipalShared keys calls by the key alone, the principal
+	// being recorded for audit only: for methods whose keys are shared with
+	// a consumer.
+	PrincipalKeys inbox.PrincipalPolicy
 }
 
 // DefaultStore is the default storage policy: OK and the answers that
@@ -192,15 +189,6 @@ func DefaultStore(code codes.Code) bool {
 		return true
 	}
 	return false
-}
-
-// PrincipalKeyID returns the ledger ID under which a method with
-// PrincipalIsolated records key for principal: the key, U+00B7 and the
-// first 16 bytes of SHA-256(principal) in unpadded base64url, the same ID
-// httpbridge.PrincipalKeyID gives, so that one principal's key dedupes
-// across the two fronts.
-func PrincipalKeyID(key, principal string) string {
-	return inbox.PrincipalKeyID(key, principal)
 }
 
 // Validate reports whether the Config is usable. Errors match
@@ -240,21 +228,14 @@ func (mc MethodConfig) validate() error {
 	if mc.Off {
 		return nil
 	}
-	if mc.Scope == "" {
-		return configErr("Scope is empty")
-	}
-	if err := (inbox.Key{Scope: mc.Scope, ID: "x"}).Validate(0); err != nil {
-		return configErr("Scope: %v", err)
+	if err := mc.spec().Validate(); err != nil {
+		return configErr("%v", err)
 	}
 	switch {
 	case mc.Key > KeyFromMessage:
 		return configErr("unknown KeySource %d", mc.Key)
 	case mc.KeyFormat > KeyAEP:
 		return configErr("unknown KeyFormat %d", mc.KeyFormat)
-	case mc.PrincipalKeys > PrincipalShared:
-		return configErr("unknown PrincipalPolicy %d", mc.PrincipalKeys)
-	case mc.TTL < 0:
-		return configErr("TTL is negative")
 	case mc.Field != "" && mc.Key != KeyFromMessage:
 		return configErr("Field is set but Key is not KeyFromMessage")
 	}
@@ -293,9 +274,15 @@ func configErr(format string, args ...any) error {
 	return fmt.Errorf("%w: grpcbridge: %s", inbox.ErrConfig, fmt.Sprintf(format, args...))
 }
 
+// spec is the method's key policy, as the bridges share it.
+func (mc MethodConfig) spec() bridgereq.Spec {
+	return bridgereq.Spec{Scope: mc.Scope, Source: Source, TTL: mc.TTL, LockWait: mc.LockWait, Principal: mc.PrincipalKeys}
+}
+
 // method is a MethodConfig with its defaults applied.
 type method struct {
 	MethodConfig
+	spec      bridgereq.Spec
 	maxKeyLen int
 }
 
@@ -306,12 +293,11 @@ func newMethod(mc MethodConfig, c *Config) *method {
 	if mc.Key == KeyFromMessage && mc.Field == "" {
 		mc.Field = DefaultField
 	}
-	m := &method{MethodConfig: mc, maxKeyLen: inbox.MaxPartLen}
+	limit := inbox.MaxPartLen
 	if mc.KeyFormat == KeyAEP {
-		m.maxKeyLen = 36
+		limit = 36
 	}
-	if c.Principal != nil && mc.PrincipalKeys == PrincipalIsolated {
-		m.maxKeyLen = min(m.maxKeyLen, inbox.MaxPartLen-inbox.PrincipalSuffixLen)
-	}
+	m := &method{MethodConfig: mc, spec: mc.spec()}
+	m.maxKeyLen = m.spec.MaxKeyLen(limit, c.Principal != nil)
 	return m
 }

@@ -4,13 +4,8 @@ import (
 	"context"
 
 	"github.com/jackc/pgx/v5"
-)
 
-type ctxKey int
-
-const (
-	txKey ctxKey = iota
-	keyKey
+	"github.com/justonce/justonce/internal/bridgereq"
 )
 
 // Tx returns the transaction a covered method's handler runs in: the
@@ -20,15 +15,9 @@ const (
 // The handler must not commit or roll it back (Commit and Rollback return
 // inbox.ErrTxOwned); the status code it answers decides (MethodConfig.Store).
 // Begin opens a savepoint. Tx returns nil outside a covered call.
-func Tx(ctx context.Context) pgx.Tx {
-	tx, _ := ctx.Value(txKey).(pgx.Tx)
-	return tx
-}
+func Tx(ctx context.Context) pgx.Tx { return bridgereq.Tx(ctx) }
 
 // Key returns the call's idempotency key as parsed (lower-cased for
 // KeyUUID), and false for a call without one. Pass it on to downstream
 // calls that take an idempotency key of their own.
-func Key(ctx context.Context) (string, bool) {
-	k, ok := ctx.Value(keyKey).(string)
-	return k, ok
-}
+func Key(ctx context.Context) (string, bool) { return bridgereq.Key(ctx) }

@@ -32,9 +32,11 @@
 //     with a key and a first_sent Timestamp, or a string), found through
 //     the KeyedRequest method or protoreflect. Keys are printable ASCII of
 //     1 to 255 bytes (KeyAny), UUIDs only (KeyUUID), or at most 36 bytes
-//     (KeyAEP, AEP-155's limit). Without a key the call runs without
-//     dedupe, in a plain transaction, or is refused when the method is
-//     Required.
+//     (KeyAEP, AEP-155's limit). A method that isolates keys per principal
+//     (see below) takes at most 231 bytes, as the ledger ID also holds
+//     the principal's digest: on every call, also one whose principal is
+//     "". Without a key the call runs without dedupe, in a plain
+//     transaction, or is refused when the method is Required.
 //  2. first_sent, when given, is checked (see First sent).
 //  3. The fingerprint is computed: a versioned SHA-256 of the full method
 //     name, the request's deterministic protobuf encoding with the
@@ -128,15 +130,19 @@
 // bridge, finding a key run over gRPC, answers as for a key a consumer ran
 // (200, already_processed, with the source) without running it; consumers
 // answer it as a duplicate. With Config.Principal, keys are isolated per
-// principal as in the HTTP bridge, under the same ledger
-// ID (PrincipalKeyID); a method whose keys are shared with a consumer sets
-// PrincipalShared.
+// principal as in the HTTP bridge (MethodConfig.PrincipalKeys:
+// inbox.PrincipalIsolated, the default), under the same ledger ID
+// (inbox.PrincipalKeyID), so that one principal's key dedupes across the
+// two; a method whose keys are shared with a consumer sets
+// inbox.PrincipalShared.
 //
 // # Client side
 //
-// UnaryClientInterceptor gives calls without a key a UUID v4 key and
+// The client half is package grpcretry, which links no database driver:
+// its UnaryClientInterceptor gives calls without a key a UUID v4 key and
 // first_sent, in the request's AEP-155 field when it has one (on a copy)
-// and otherwise in metadata, and retries Aborted, Unavailable,
-// ResourceExhausted, Internal, Unknown and DeadlineExceeded (while the
-// caller's context lives) with the same key, honouring RetryInfo.
+// and otherwise in the metadata this package reads by default, and
+// retries Aborted, Unavailable, ResourceExhausted, Internal, Unknown and
+// DeadlineExceeded (while the caller's context lives) with the same key,
+// honouring RetryInfo.
 package grpcbridge

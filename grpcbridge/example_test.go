@@ -92,30 +92,3 @@ func Example() {
 	// InvalidArgument
 	// payments: 1
 }
-
-// The client interceptor gives each call a UUID v4 key (and first_sent)
-// and retries retryable codes with the same key.
-func ExampleUnaryClientInterceptor() {
-	pool, done := exampleDB()
-	defer done()
-	ledger, _ := inbox.New(pool, inbox.Config{})
-	bridge, _ := grpcbridge.New(grpcbridge.Config{
-		Ledger:  ledger,
-		Methods: map[string]grpcbridge.MethodConfig{"/example.Payments/*": {Scope: "payments", Required: true}},
-	})
-	srv := grpc.NewServer(grpc.UnaryInterceptor(bridge.UnaryServerInterceptor()))
-	srv.RegisterService(&paymentsDesc, nil)
-	ln, _ := net.Listen("tcp", "127.0.0.1:0")
-	go func() { _ = srv.Serve(ln) }()
-	defer srv.Stop()
-
-	conn, _ := grpc.NewClient(ln.Addr().String(),
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithUnaryInterceptor(grpcbridge.UnaryClientInterceptor(grpcbridge.ClientConfig{})))
-	defer conn.Close()
-	out := new(wrapperspb.Int64Value)
-	err := conn.Invoke(context.Background(), "/example.Payments/Pay", wrapperspb.String("carol"), out)
-	fmt.Println("payment", out.GetValue(), err)
-	// Output:
-	// payment 1 <nil>
-}

@@ -138,8 +138,46 @@ func TestOneLedgerAcrossFronts(t *testing.T) {
 	}
 }
 
-// The principal-isolated ID is the HTTP bridge's, so that one principal's
-// key dedupes across the two fronts.
-func TestPrincipalKeyIDMatchesHTTP(t *testing.T) {
-	require.Equal(t, httpbridge.PrincipalKeyID("k", "alice"), grpcbridge.PrincipalKeyID("k", "alice"))
+// One principal's key dedupes across the two fronts: both record it under
+// inbox.PrincipalKeyID. Another principal's same key runs on its own.
+func TestPrincipalKeyAcrossFronts(t *testing.T) {
+	const scope = "payments"
+	e := setup(t, envOpts{cfg: grpcbridge.Config{Principal: byUser, Methods: map[string]grpcbridge.MethodConfig{
+		createOrder: {Scope: scope}}}})
+	ctx := ctxT(t)
+	hb, err := httpbridge.New(httpbridge.Config{Ledger: e.ledger, Principal: func(r *http.Request) string { return r.Header.Get("X-User") }})
+	require.NoError(t, err)
+	var httpRuns int
+	srv := httptest.NewServer(hb.Route(httpbridge.RouteConfig{Scope: scope})(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		httpRuns++
+		w.WriteHeader(http.StatusCreated)
+	})))
+	defer srv.Close()
+	post := func(key, user string) (int, string) {
+		req, _ := http.NewRequest(http.MethodPost, srv.URL+"/payments", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("X-User", user)
+		resp, err := http.DefaultClient.Do(req)
+		require.NoError(t, err)
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode, string(body)
+	}
+
+	_, err = e.client.CreateOrder(metadata.AppendToOutgoingContext(withKey(ctx, "K"), "x-user", "alice"),
+		&testpb.CreateOrderRequest{Item: "grpc", Quantity: 1})
+	require.NoError(t, err)
+	rec, err := e.ledger.Lookup(ctx, inbox.Key{Scope: scope, ID: inbox.PrincipalKeyID("K", "alice")})
+	require.NoError(t, err)
+	require.Equal(t, "alice", rec.Principal)
+	require.Equal(t, grpcbridge.Source, rec.Source)
+
+	code, body := post("K", "alice")
+	require.Equal(t, http.StatusOK, code, "alice's key, run over gRPC, is not run again over HTTP")
+	require.Contains(t, body, `"source":"grpc"`)
+	require.Equal(t, 0, httpRuns)
+	code, _ = post("K", "bob")
+	require.Equal(t, http.StatusCreated, code, "bob's same key is his own")
+	require.Equal(t, 1, httpRuns)
+	require.EqualValues(t, 1, e.svc.runs.Load())
 }

@@ -9,6 +9,8 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
+
+	"github.com/justonce/justonce/internal/bridgereq"
 )
 
 // KeyedRequest is a request message that gives its AEP-155 idempotency
@@ -67,32 +69,12 @@ func parseKey(s string, f KeyFormat, maxLen int) (string, error) {
 		}
 	}
 	if f == KeyUUID {
-		if !isUUID(s) {
+		if !bridgereq.IsUUID(s, false) {
 			return "", fmt.Errorf("the key must be a UUID (8-4-4-4-12 hex digits)")
 		}
 		return strings.ToLower(s), nil
 	}
 	return s, nil
-}
-
-func isUUID(s string) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i := 0; i < 36; i++ {
-		c := s[i]
-		switch i {
-		case 8, 13, 18, 23:
-			if c != '-' {
-				return false
-			}
-		default:
-			if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-				return false
-			}
-		}
-	}
-	return true
 }
 
 // parseFirstSent parses first_sent from metadata: an RFC 3339 time with a

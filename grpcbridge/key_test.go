@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/justonce/justonce/internal/bridgereq"
 )
 
 func TestParseKey(t *testing.T) {
@@ -79,7 +81,7 @@ func FuzzParseKey(f *testing.F) {
 				t.Fatalf("accepted a non-printable byte in %q", k)
 			}
 		}
-		if fm == KeyUUID && (k != strings.ToLower(k) || !isUUID(k)) {
+		if fm == KeyUUID && (k != strings.ToLower(k) || !bridgereq.IsUUID(k, false)) {
 			t.Fatalf("UUID key %q not normalised", k)
 		}
 		if again, err := parseKey(k, fm, limit); err != nil || again != k {

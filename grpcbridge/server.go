@@ -16,6 +16,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/bridgereq"
 )
 
 // Source is what the ledger records as the source of the calls the bridge
@@ -156,26 +157,11 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 		b.log.ErrorContext(ctx, "justonce/grpcbridge: fingerprint", "method", full, "err", err)
 		return nil, status.Error(codes.Internal, "the request cannot be fingerprinted")
 	}
-	r := inbox.Request{
-		Key:         inbox.Key{Scope: m.Scope, ID: ck.key},
-		Fingerprint: fp,
-		Source:      Source,
-		TTL:         m.TTL,
-		LockWait:    m.LockWait,
-	}
-	if b.cfg.Tenant != nil {
-		r.Tenant = b.cfg.Tenant(ctx)
-	}
-	if b.cfg.Principal != nil {
-		r.Principal = b.cfg.Principal(ctx)
-	}
-	if m.PrincipalKeys == PrincipalIsolated && r.Principal != "" {
-		r.ID = PrincipalKeyID(ck.key, r.Principal)
-	}
-	if err := b.cfg.Ledger.Validate(r); err != nil {
-		var ke *inbox.KeyError
-		if errors.As(err, &ke) && ke.Field == "event_id" {
-			return nil, invalidKey(&keyProblem{reasonInvalid, ck.keyField, "the key is rejected by the ledger: " + ke.Reason})
+	r, err := m.spec.Request(b.cfg.Ledger, ck.key, fp, bridgereq.Call(b.cfg.Tenant, ctx), bridgereq.Call(b.cfg.Principal, ctx))
+	if err != nil {
+		var ke *bridgereq.KeyError
+		if errors.As(err, &ke) {
+			return nil, invalidKey(&keyProblem{reasonInvalid, ck.keyField, ke.Error()})
 		}
 		b.log.ErrorContext(ctx, "justonce/grpcbridge: key rejected by the ledger", "key", r.Key.String(), "err", err)
 		return nil, status.Error(codes.Internal, "the call's key is rejected by the ledger")
@@ -185,7 +171,7 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 	// client goes away or its deadline passes: its retry gets the replay.
 	hctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), b.cfg.HandlerTimeout)
 	defer cancel()
-	hctx = context.WithValue(hctx, keyKey, ck.key)
+	hctx = bridgereq.WithKey(hctx, ck.key)
 	bs := &bufferedStream{method: full}
 	hctx = grpc.NewContextWithServerTransportStream(hctx, bs)
 
@@ -193,7 +179,7 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 	var herr error
 	var pv *panicked
 	out, err := b.cfg.Ledger.Do(hctx, r, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
-		resp, pv, herr = run(context.WithValue(ctx, txKey, tx), req, handler)
+		resp, pv, herr = run(bridgereq.WithTx(ctx, tx), req, handler)
 		switch {
 		case pv != nil:
 			return inbox.Result{}, errPanicked
@@ -394,7 +380,7 @@ func (b *Bridge) serveKeyless(ctx context.Context, req any, full string, m *meth
 		cancel()
 	}
 	bs := &bufferedStream{method: full}
-	hctx := grpc.NewContextWithServerTransportStream(context.WithValue(ctx, txKey, pgx.Tx(keylessTx{tx})), bs)
+	hctx := grpc.NewContextWithServerTransportStream(bridgereq.WithTx(ctx, keylessTx{tx}), bs)
 	resp, pv, herr := run(hctx, req, handler)
 	switch {
 	case pv != nil:

@@ -3,7 +3,6 @@ package httpbridge
 import (
 	"bytes"
 	"context"
-	"encoding/base64"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -18,6 +17,7 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/bridgereq"
 	"github.com/justonce/justonce/internal/fingerprint"
 )
 
@@ -110,29 +110,11 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	}
 
 	fp := fingerprint.Request(r, body, h.rt.FingerprintHeaders)
-	req := inbox.Request{
-		Key:         inbox.Key{Scope: h.rt.Scope, ID: key},
-		Fingerprint: fp,
-		Source:      Source,
-		TTL:         h.rt.TTL,
-		LockWait:    h.rt.LockWait,
-	}
-	if s.Tenant != nil {
-		req.Tenant = s.Tenant(r)
-	}
-	if s.Principal != nil {
-		req.Principal = s.Principal(r)
-	}
-	if h.rt.PrincipalKeys == PrincipalIsolated && req.Principal != "" {
-		req.ID = PrincipalKeyID(key, req.Principal)
-	}
-	if h.rt.Mismatch == MismatchNewRequest {
-		req.ID += "~" + base64.RawURLEncoding.EncodeToString(fp[1:13])
-	}
-	if err := s.Ledger.Validate(req); err != nil {
-		var ke *inbox.KeyError
-		if errors.As(err, &ke) && ke.Field == "event_id" {
-			writeProblem(w, ProblemInvalidKey, http.StatusBadRequest, "the key is rejected by the ledger: "+ke.Reason)
+	req, err := h.rt.spec.Request(s.Ledger, key, fp, bridgereq.Call(s.Tenant, r), bridgereq.Call(s.Principal, r))
+	if err != nil {
+		var ke *bridgereq.KeyError
+		if errors.As(err, &ke) {
+			writeProblem(w, ProblemInvalidKey, http.StatusBadRequest, ke.Error())
 			return
 		}
 		s.log.ErrorContext(r.Context(), "justonce/httpbridge: request key rejected by the ledger", "key", req.Key.String(), "err", err)
@@ -144,7 +126,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	// client goes away: its retry then gets the replay.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(r.Context()), s.HandlerTimeout)
 	defer cancel()
-	ctx = context.WithValue(ctx, keyKey, key)
+	ctx = bridgereq.WithKey(ctx, key)
 
 	if !h.quotaOK(ctx, w, req) {
 		return
@@ -161,7 +143,7 @@ func (h *handler) serveTx(ctx context.Context, w http.ResponseWriter, r *http.Re
 	var resp buffered
 	var pv *panicked
 	out, err := h.s.Ledger.Do(ctx, req, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
-		r2 := withBody(r.WithContext(context.WithValue(ctx, txKey, tx)), body)
+		r2 := withBody(r.WithContext(bridgereq.WithTx(ctx, tx)), body)
 		resp, pv = h.run(r2)
 		switch {
 		case pv != nil:
@@ -216,7 +198,7 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 		case <-runCtx.Done():
 		}
 	}()
-	r2 := withBody(r.WithContext(context.WithValue(runCtx, tokenKey, lease.Token())), body)
+	r2 := withBody(r.WithContext(bridgereq.WithFencingToken(runCtx, lease.Token())), body)
 	resp, pv := h.run(r2)
 	cancelRun()
 
@@ -319,7 +301,7 @@ func (h *handler) serveKeyless(w http.ResponseWriter, r *http.Request) {
 		_ = tx.Rollback(rctx)
 		cancel()
 	}
-	resp, pv := h.run(r.WithContext(context.WithValue(ctx, txKey, pgx.Tx(keylessTx{tx}))))
+	resp, pv := h.run(r.WithContext(bridgereq.WithTx(ctx, keylessTx{tx})))
 	switch {
 	case pv != nil:
 		rollback()

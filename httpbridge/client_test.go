@@ -10,6 +10,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/httpbridge"
 	"github.com/justonce/justonce/httpretry"
 )
@@ -22,7 +23,7 @@ func TestTransportAgainstBridge(t *testing.T) {
 	a := &app{}
 	srv := httptest.NewServer(b.bridge.Route(httpbridge.RouteConfig{Scope: "orders", Required: true})(a))
 	defer srv.Close()
-	c := &http.Client{Transport: &httpretry.Transport{Base: srv.Client().Transport, Backoff: httpretry.Backoff{Initial: 5 * time.Millisecond}}}
+	c := &http.Client{Transport: &httpretry.Transport{Base: srv.Client().Transport, Backoff: backoff.Backoff{Initial: 5 * time.Millisecond}}}
 	resp, err := c.Post(srv.URL+"/orders", "application/json", strings.NewReader(`{"x":1}`))
 	require.NoError(t, err)
 	body, _ := io.ReadAll(resp.Body)
@@ -40,7 +41,7 @@ func TestTransportAgainstBridgeWithAltHeader(t *testing.T) {
 	a := &app{}
 	srv := httptest.NewServer(b.bridge.Route(httpbridge.RouteConfig{Scope: "orders", Required: true})(a))
 	defer srv.Close()
-	c := &http.Client{Transport: &httpretry.Transport{Base: srv.Client().Transport, Backoff: httpretry.Backoff{Initial: 5 * time.Millisecond}}}
+	c := &http.Client{Transport: &httpretry.Transport{Base: srv.Client().Transport, Backoff: backoff.Backoff{Initial: 5 * time.Millisecond}}}
 	for range 2 {
 		req, err := http.NewRequest(http.MethodPost, srv.URL+"/orders", strings.NewReader(`{"x":1}`))
 		require.NoError(t, err)

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/bridgereq"
 )
 
 // Defaults.
@@ -122,42 +123,6 @@ const (
 	MismatchNewRequest
 )
 
-// PrincipalPolicy says whether a route's keys are isolated per principal
-// (Config.Principal).
-type PrincipalPolicy uint8
-
-// Principal policies.
-const (
-	// PrincipalIsolated (the default) gives each principal its own key
-	// space, like per-account keys in payment APIs: the ledger ID of a
-	// request with a principal is PrincipalKeyID(key, principal). A key
-	// replays only to the principal that sent it; another principal's
-	// request with the same key and body runs on its own, and its answer
-	// does not depend on whether the key exists for someone else, so it
-	// learns nothing about other principals' keys. Requests without a
-	// principal ("") keep the plain key. Such a route shares keys with a
-	// consumer only for requests without a principal.
-	//
-	// No refusal mode is offered: refusing a key because another principal
-	// holds it would tell the caller that the key exists.
-	PrincipalIsolated PrincipalPolicy = iota
-	// PrincipalShared keys requests by the key alone: any principal of the
-	// tenant that sends the same key and request gets the stored response.
-	// The principal is recorded for audit only. Use it for a route whose
-	// keys are shared with a consumer (the event ID is the plain key), or
-	// where several principals legitimately retry one operation.
-	PrincipalShared
-)
-
-// PrincipalKeyID returns the ledger ID under which a route with
-// PrincipalIsolated records key for principal: the key, U+00B7 and the
-// first 16 bytes of SHA-256(principal) in unpadded base64url. Use it to
-// find or release such a key (Ledger.Lookup, Ledger.Release, the CLI).
-// Routes with MismatchNewRequest append a fingerprint suffix after it.
-func PrincipalKeyID(key, principal string) string {
-	return inbox.PrincipalKeyID(key, principal)
-}
-
 // RouteConfig configures one route (or group of routes). Its zero values
 // are the defaults; Scope is required. To share settings between routes,
 // copy a RouteConfig value and change the copy.
@@ -217,10 +182,11 @@ type RouteConfig struct {
 	// and while its result is recorded. 0: the ledger's default (30 s).
 	LeaseDuration time.Duration
 	// PrincipalKeys says whether keys are isolated per principal when
-	// Config.Principal names one. Default PrincipalIsolated; such routes
-	// accept keys of at most 231 bytes (214 with MismatchNewRequest), as
-	// the ledger ID also holds the principal's digest.
-	PrincipalKeys PrincipalPolicy
+	// Config.Principal names one. Default inbox.PrincipalIsolated; with
+	// Config.Principal set, such routes accept keys of at most 231 bytes
+	// (214 with MismatchNewRequest), as the ledger ID also holds the
+	// principal's digest: on every request, also one whose principal is "".
+	PrincipalKeys inbox.PrincipalPolicy
 }
 
 // DefaultStore is the default storage policy: 2xx, 3xx and 4xx responses
@@ -234,10 +200,6 @@ func DefaultStore(status int) bool {
 	}
 	return status >= 200 && status < 500
 }
-
-// newRequestSuffixLen is what MismatchNewRequest appends to the key in the
-// ledger ID: "~" and 16 base64url characters of the fingerprint.
-const newRequestSuffixLen = 17
 
 // Validate reports whether the Config is usable, treating zero values as
 // their defaults. Errors match inbox.ErrConfig.
@@ -282,11 +244,8 @@ func (e *Encryption) validate() error {
 // Validate reports whether the RouteConfig is usable, treating zero values
 // as their defaults. Errors match inbox.ErrConfig.
 func (rc RouteConfig) Validate() error {
-	if rc.Scope == "" {
-		return configErr("RouteConfig.Scope is empty")
-	}
-	if err := (inbox.Key{Scope: rc.Scope, ID: "x"}).Validate(0); err != nil {
-		return configErr("RouteConfig.Scope: %v", err)
+	if err := rc.spec().Validate(); err != nil {
+		return configErr("RouteConfig: %v", err)
 	}
 	for _, m := range rc.Methods {
 		switch m {
@@ -305,23 +264,16 @@ func (rc RouteConfig) Validate() error {
 	if rc.Mismatch > MismatchNewRequest {
 		return configErr("unknown MismatchPolicy %d", rc.Mismatch)
 	}
-	if rc.PrincipalKeys > PrincipalShared {
-		return configErr("unknown PrincipalPolicy %d", rc.PrincipalKeys)
-	}
 	for _, h := range rc.FingerprintHeaders {
 		if !validHeaderName(h) {
 			return configErr("invalid header name %q in FingerprintHeaders", h)
 		}
 	}
 	switch {
-	case rc.TTL < 0:
-		return configErr("TTL is negative")
 	case rc.MaxBodyBytes < 0:
 		return configErr("MaxBodyBytes is negative")
 	case rc.MaxResponseBytes < 0:
 		return configErr("MaxResponseBytes is negative")
-	case rc.LockWait < 0:
-		return configErr("LockWait is negative")
 	case rc.LeaseDuration < 0:
 		return configErr("LeaseDuration is negative")
 	case rc.LeaseDuration > 0 && !rc.Lease:
@@ -390,9 +342,16 @@ var alwaysDenied = []string{
 	"Connection", "Keep-Alive", "Te", "Trailer", "Transfer-Encoding", "Upgrade", "Date",
 }
 
+// spec is the route's key policy, as the bridges share it.
+func (rc RouteConfig) spec() bridgereq.Spec {
+	return bridgereq.Spec{Scope: rc.Scope, Source: Source, TTL: rc.TTL, LockWait: rc.LockWait,
+		Principal: rc.PrincipalKeys, NewRequest: rc.Mismatch == MismatchNewRequest}
+}
+
 // route is a RouteConfig with its defaults applied.
 type route struct {
 	RouteConfig
+	spec      bridgereq.Spec
 	methods   map[string]bool
 	maxKeyLen int
 }
@@ -410,18 +369,11 @@ func newRoute(rc RouteConfig, s *settings) route {
 	if rc.MaxResponseBytes == 0 {
 		rc.MaxResponseBytes = defaultMaxResponseBytes
 	}
-	rt := route{RouteConfig: rc, methods: map[string]bool{}, maxKeyLen: s.MaxKeyLen}
+	rt := route{RouteConfig: rc, spec: rc.spec(), methods: map[string]bool{}}
 	for _, m := range rc.Methods {
 		rt.methods[m] = true
 	}
-	limit := 255
-	if rc.Mismatch == MismatchNewRequest {
-		limit -= newRequestSuffixLen
-	}
-	if s.Principal != nil && rc.PrincipalKeys == PrincipalIsolated {
-		limit -= inbox.PrincipalSuffixLen
-	}
-	rt.maxKeyLen = min(rt.maxKeyLen, limit)
+	rt.maxKeyLen = rt.spec.MaxKeyLen(s.MaxKeyLen, s.Principal != nil)
 	return rt
 }
 

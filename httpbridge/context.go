@@ -2,17 +2,11 @@ package httpbridge
 
 import (
 	"context"
-	"github.com/justonce/justonce/inbox"
 
 	"github.com/jackc/pgx/v5"
-)
 
-type ctxKey int
-
-const (
-	txKey ctxKey = iota
-	tokenKey
-	keyKey
+	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/bridgereq"
 )
 
 // Tx returns the transaction a transactional route runs its handler in:
@@ -25,18 +19,12 @@ const (
 //
 // Tx returns nil outside a covered request: other methods, lease-mode
 // routes, or a context the bridge did not make.
-func Tx(ctx context.Context) pgx.Tx {
-	tx, _ := ctx.Value(txKey).(pgx.Tx)
-	return tx
-}
+func Tx(ctx context.Context) pgx.Tx { return bridgereq.Tx(ctx) }
 
 // FencingToken returns the lease's fencing token in a lease-mode handler,
 // and false elsewhere. Pass it to downstream systems so that they can turn
 // away a stale holder whose lease expired. It only grows.
-func FencingToken(ctx context.Context) (int64, bool) {
-	t, ok := ctx.Value(tokenKey).(int64)
-	return t, ok
-}
+func FencingToken(ctx context.Context) (int64, bool) { return bridgereq.FencingToken(ctx) }
 
 // Key returns the request's Idempotency-Key as parsed (sf-string quotes
 // and escapes removed; lower-cased on UUID-only routes), and false for a
@@ -46,10 +34,7 @@ func FencingToken(ctx context.Context) (int64, bool) {
 // form. On a route that isolates principals, two principals may send the
 // same key: where principals share one downstream key space, combine the
 // key with the principal before passing it on.
-func Key(ctx context.Context) (string, bool) {
-	k, ok := ctx.Value(keyKey).(string)
-	return k, ok
-}
+func Key(ctx context.Context) (string, bool) { return bridgereq.Key(ctx) }
 
 // Source is what the ledger records as the source of the requests the
 // bridge runs.

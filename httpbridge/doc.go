@@ -40,10 +40,11 @@
 // Config.HandlerTimeout), so that the client's retry gets the replay.
 //
 // With Config.Principal set, keys are isolated per principal
-// (PrincipalIsolated, the default): a key replays only to the principal
-// that sent it, and another principal's request with the same key runs on
-// its own and learns nothing of the first. RouteConfig.MaxLiveKeys caps a
-// tenant's live keys (429).
+// (RouteConfig.PrincipalKeys: inbox.PrincipalIsolated, the default): a key
+// replays only to the principal that sent it, and another principal's
+// request with the same key runs on its own and learns nothing of the
+// first. Such routes take keys of at most 231 bytes, on every request.
+// RouteConfig.MaxLiveKeys caps a tenant's live keys (429).
 //
 // RouteConfig.Lease runs the handler outside any transaction, under a
 // lease, for effects outside the database: the handler gets FencingToken

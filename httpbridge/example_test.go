@@ -163,7 +163,7 @@ func ExampleDefaultStore() {
 // Keys are isolated per principal once the bridge knows the caller: bob
 // sending alice's key runs a request of his own and never gets alice's
 // response, while alice's retry is a replay.
-func ExamplePrincipalKeyID() {
+func ExampleConfig_principal() {
 	pool, done := exampleDB()
 	defer done()
 	ledger, _ := inbox.New(pool, inbox.Config{})
@@ -185,7 +185,7 @@ func ExamplePrincipalKeyID() {
 		h.ServeHTTP(rec, req)
 		fmt.Println(user, rec.Code, rec.Body.String(), "replayed:", rec.Header().Get("Idempotent-Replayed") == "true")
 	}
-	rec, _ := ledger.Lookup(context.Background(), inbox.Key{Scope: "orders", ID: httpbridge.PrincipalKeyID("k-1", "bob")})
+	rec, _ := ledger.Lookup(context.Background(), inbox.Key{Scope: "orders", ID: inbox.PrincipalKeyID("k-1", "bob")})
 	fmt.Println("bob's row:", rec.Principal)
 	// Output:
 	// alice 201 {"order":1} replayed: false

@@ -4,6 +4,8 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/justonce/justonce/internal/bridgereq"
 )
 
 // keyError says why a key header was rejected; its text is the problem's
@@ -155,39 +157,15 @@ func extractKey(h http.Header, names []string, maxLen int, format KeyFormat) (ke
 func checkFormat(k string, f KeyFormat) (string, error) {
 	switch f {
 	case KeyUUID:
-		if !isUUID(k, false) {
+		if !bridgereq.IsUUID(k, false) {
 			return "", errKeyNotUUID
 		}
 		return strings.ToLower(k), nil
 	case KeyUUIDv4:
-		if !isUUID(k, true) {
+		if !bridgereq.IsUUID(k, true) {
 			return "", errKeyNotUUIDv4
 		}
 		return strings.ToLower(k), nil
 	}
 	return k, nil
-}
-
-// isUUID reports whether s is 8-4-4-4-12 hex digits; v4 also requires
-// version 4 and the RFC 9562 variant.
-func isUUID(s string, v4 bool) bool {
-	if len(s) != 36 {
-		return false
-	}
-	for i := 0; i < 36; i++ {
-		c := s[i]
-		if i == 8 || i == 13 || i == 18 || i == 23 {
-			if c != '-' {
-				return false
-			}
-			continue
-		}
-		if !('0' <= c && c <= '9' || 'a' <= c && c <= 'f' || 'A' <= c && c <= 'F') {
-			return false
-		}
-	}
-	if v4 {
-		return s[14] == '4' && strings.IndexByte("89abAB", s[19]) >= 0
-	}
-	return true
 }

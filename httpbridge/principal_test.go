@@ -58,7 +58,7 @@ func TestPrincipalKeysAreIsolated(t *testing.T) {
 		// with the principal recorded.
 		for _, p := range []string{"alice", "bob"} {
 			rec, err := b.ledger.Lookup(context.Background(),
-				inbox.Key{Scope: "orders", ID: httpbridge.PrincipalKeyID("shared-key", p)})
+				inbox.Key{Scope: "orders", ID: inbox.PrincipalKeyID("shared-key", p)})
 			require.NoError(t, err)
 			require.Equal(t, p, rec.Principal)
 		}
@@ -107,7 +107,7 @@ func TestPrincipalShared(t *testing.T) {
 	t.Parallel()
 	b := setup(t, setupOpts{cfg: httpbridge.Config{Principal: byUser}})
 	a := &app{}
-	h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders", PrincipalKeys: httpbridge.PrincipalShared})(a)
+	h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders", PrincipalKeys: inbox.PrincipalShared})(a)
 	alice := post(h, "evt-1", `{}`, "X-User", "alice")
 	require.Equal(t, http.StatusCreated, alice.Code)
 	bob := post(h, "evt-1", `{}`, "X-User", "bob")
@@ -129,11 +129,11 @@ func TestPrincipalShared(t *testing.T) {
 // route limits honest.
 func TestPrincipalKeyIDIsUnambiguous(t *testing.T) {
 	t.Parallel()
-	id := httpbridge.PrincipalKeyID("k", "alice")
+	id := inbox.PrincipalKeyID("k", "alice")
 	require.True(t, utf8.ValidString(id))
 	require.Len(t, id, 1+24)
-	require.NotEqual(t, id, httpbridge.PrincipalKeyID("k", "bob"))
-	require.Len(t, httpbridge.PrincipalKeyID("k", strings.Repeat("x", 1000)), 1+24)
+	require.NotEqual(t, id, inbox.PrincipalKeyID("k", "bob"))
+	require.Len(t, inbox.PrincipalKeyID("k", strings.Repeat("x", 1000)), 1+24)
 
 	b := setup(t, setupOpts{cfg: httpbridge.Config{Principal: byUser}})
 	a := &app{}
@@ -149,4 +149,24 @@ func TestPrincipalKeyIDIsUnambiguous(t *testing.T) {
 	nr := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders2", Mismatch: httpbridge.MismatchNewRequest})(a)
 	requireProblem(t, post(nr, strings.Repeat("b", 215), `{}`, "X-User", "alice"), http.StatusBadRequest, httpbridge.ProblemInvalidKey)
 	require.Equal(t, http.StatusCreated, post(nr, strings.Repeat("b", 214), `{}`, "X-User", "alice").Code)
+}
+
+// TestIsolatedKeyLimitWithoutPrincipal: a route that isolates principals
+// takes keys of at most 231 bytes on every request, also one whose
+// principal is "" (whose ID is the plain key): the limit is the route's,
+// the same for every caller. A route with PrincipalShared takes 255.
+func TestIsolatedKeyLimitWithoutPrincipal(t *testing.T) {
+	t.Parallel()
+	b := setup(t, setupOpts{cfg: httpbridge.Config{Principal: byUser}})
+	a := &app{}
+	h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders"})(a)
+	p := requireProblem(t, post(h, strings.Repeat("a", 232), `{}`), http.StatusBadRequest, httpbridge.ProblemInvalidKey)
+	require.Contains(t, p.Detail, "231")
+	require.Equal(t, http.StatusCreated, post(h, strings.Repeat("a", 231), `{}`).Code)
+	_, err := b.ledger.Lookup(context.Background(), inbox.Key{Scope: "orders", ID: strings.Repeat("a", 231)})
+	require.NoError(t, err, "without a principal the ID is the plain key")
+
+	shared := b.bridge.Route(httpbridge.RouteConfig{Scope: "shared", PrincipalKeys: inbox.PrincipalShared})(a)
+	require.Equal(t, http.StatusCreated, post(shared, strings.Repeat("s", 255), `{}`, "X-User", "alice").Code)
+	requireProblem(t, post(shared, strings.Repeat("s", 256), `{}`, "X-User", "alice"), http.StatusBadRequest, httpbridge.ProblemInvalidKey)
 }

@@ -6,6 +6,8 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/require"
+
+	"github.com/justonce/justonce/backoff"
 )
 
 func TestTransportBackoffSchedule(t *testing.T) {
@@ -19,9 +21,27 @@ func TestTransportBackoffSchedule(t *testing.T) {
 			require.LessOrEqual(t, d, hi, "retry %d", n)
 		}
 	}
-	capped := &Transport{Backoff: Backoff{Initial: time.Second, Max: 3 * time.Second}}
+	capped := &Transport{Backoff: backoff.Backoff{Initial: time.Second, Max: 3 * time.Second}}
 	require.LessOrEqual(t, capped.delay(10), 3*time.Second)
 	require.GreaterOrEqual(t, capped.delay(10), 1500*time.Millisecond)
+}
+
+// The client's default Max is 5 s, not the runtime's 30 s: the waits of a
+// zero Backoff stop growing there, and a Retry-After is cut to it.
+func TestTransportDefaultBackoffMax(t *testing.T) {
+	t.Parallel()
+	require.Equal(t, 5*time.Second, DefaultBackoffMax)
+	tr := &Transport{}
+	require.Equal(t, DefaultBackoffMax, tr.policy().Max)
+	for i := 0; i < 200; i++ {
+		d := tr.delay(40)
+		require.GreaterOrEqual(t, d, DefaultBackoffMax/2)
+		require.LessOrEqual(t, d, DefaultBackoffMax)
+	}
+	// A Max of its own is kept; Initial and Multiplier keep their defaults.
+	own := &Transport{Backoff: backoff.Backoff{Max: time.Minute}}
+	require.Equal(t, backoff.Backoff{Max: time.Minute}, own.policy())
+	require.Greater(t, own.delay(40), DefaultBackoffMax)
 }
 
 func TestRetryAfterParsing(t *testing.T) {

@@ -2,8 +2,8 @@
 // http.RoundTripper that gives each POST and PATCH request a key and
 // retries it with the same key until the server (an httpbridge route, or
 // any API that honours Idempotency-Key) answers for good. It depends only
-// on net/http, so a client program does not link the ledger's database
-// drivers.
+// on net/http and package backoff, so a client program does not link the
+// ledger's database drivers. Package grpcretry is its gRPC counterpart.
 package httpretry
 
 import (
@@ -17,7 +17,7 @@ import (
 
 	"github.com/google/uuid"
 
-	"github.com/justonce/justonce/internal/backoff"
+	"github.com/justonce/justonce/backoff"
 )
 
 // Transport is an http.RoundTripper that gives POST and
@@ -35,7 +35,8 @@ import (
 // A retry resends the body through Request.GetBody (set by http.NewRequest
 // for bytes, strings and their readers); a request with a body and no
 // GetBody is sent once. The last response (or error) is returned when the
-// attempts run out; a Retry-After header is honoured, up to Backoff.Max.
+// attempts run out; a Retry-After header is honoured, up to Backoff.Max
+// (DefaultBackoffMax, 5 s, when unset).
 type Transport struct {
 	// Base sends the requests. Nil: http.DefaultTransport.
 	Base http.RoundTripper
@@ -53,8 +54,9 @@ type Transport struct {
 	// MaxAttempts, the first included. Default 4 (retries after about
 	// 100, 200 and 400 ms).
 	MaxAttempts int
-	// Backoff between attempts. Its Max also caps a Retry-After.
-	Backoff Backoff
+	// Backoff between attempts. Its Max also caps a Retry-After. Unset
+	// fields: 100 ms, DefaultBackoffMax (5 s), multiplier 2.
+	Backoff backoff.Backoff
 	// NewKey makes a key. Default: a random UUID v4.
 	NewKey func() string
 }
@@ -62,14 +64,10 @@ type Transport struct {
 // DefaultHeader is the request header that carries the key.
 const DefaultHeader = "Idempotency-Key"
 
-// Backoff is exponential backoff with jitter, as in consumer.Backoff:
-// retry n waits a random time between half and all of
-// min(Initial·Multiplier^(n-1), Max).
-type Backoff struct {
-	Initial    time.Duration // default 100 ms
-	Max        time.Duration // default 5 s
-	Multiplier float64       // default 2
-}
+// DefaultBackoffMax is the longest wait between attempts, and the cap of a
+// Retry-After, when Transport.Backoff.Max is unset: 5 s, shorter than the
+// runtime's 30 s (consumer.DefaultBackoffMax) as a caller is waiting.
+const DefaultBackoffMax = 5 * time.Second
 
 // RoundTrip implements http.RoundTripper. It does not modify req: the key
 // is set on a clone.
@@ -134,9 +132,7 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			}
 			drain(resp.Body)
 		}
-		if max := t.maxDelay(); wait > max {
-			wait = max
-		}
+		wait = min(wait, t.policy().Max)
 		if err := backoff.Sleep(ctx, wait); err != nil {
 			return nil, err
 		}
@@ -159,22 +155,11 @@ func retryable(resp *http.Response, err error) bool {
 }
 
 // delay is the wait after failed attempt n (from 1).
-func (t *Transport) delay(n int) time.Duration {
-	b := t.Backoff
-	if b.Initial <= 0 {
-		b.Initial = 100 * time.Millisecond
-	}
-	if b.Multiplier < 1 {
-		b.Multiplier = 2
-	}
-	return backoff.Delay(b.Initial, t.maxDelay(), b.Multiplier, n)
-}
+func (t *Transport) delay(n int) time.Duration { return t.policy().Delay(n) }
 
-func (t *Transport) maxDelay() time.Duration {
-	if t.Backoff.Max <= 0 {
-		return 5 * time.Second
-	}
-	return t.Backoff.Max
+// policy is t.Backoff with the client's default Max.
+func (t *Transport) policy() backoff.Backoff {
+	return t.Backoff.Or(backoff.Backoff{Max: DefaultBackoffMax})
 }
 
 // retryAfter parses a Retry-After value: delta seconds or an HTTP date.

@@ -15,6 +15,7 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/httpretry"
 )
 
@@ -48,7 +49,7 @@ func scripted(s *seen, codes ...int) http.Handler {
 }
 
 func fastTransport(base http.RoundTripper) *httpretry.Transport {
-	return &httpretry.Transport{Base: base, Backoff: httpretry.Backoff{Initial: time.Millisecond, Max: 20 * time.Millisecond}}
+	return &httpretry.Transport{Base: base, Backoff: backoff.Backoff{Initial: time.Millisecond, Max: 20 * time.Millisecond}}
 }
 
 func TestTransportAddsKeyAndRetriesWithIt(t *testing.T) {
@@ -176,7 +177,7 @@ func TestTransportHonoursRetryAfterAndContext(t *testing.T) {
 		w.WriteHeader(http.StatusConflict)
 	}))
 	defer srv.Close()
-	tr := &httpretry.Transport{Base: srv.Client().Transport, Backoff: httpretry.Backoff{Max: time.Minute}}
+	tr := &httpretry.Transport{Base: srv.Client().Transport, Backoff: backoff.Backoff{Max: time.Minute}}
 	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
 	defer cancel()
 	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, srv.URL, strings.NewReader("x"))

@@ -64,12 +64,50 @@ func (k Key) String() string {
 	return k.Scope + "/" + k.Tenant + "/" + Mask(k.ID)
 }
 
+// PrincipalPolicy says whether a request front's route or method isolates
+// its keys per principal, when the front knows who sent a request
+// (httpbridge.RouteConfig.PrincipalKeys and
+// grpcbridge.MethodConfig.PrincipalKeys, with their Config.Principal set).
+type PrincipalPolicy uint8
+
+// Principal policies.
+const (
+	// PrincipalIsolated (the default) gives each principal its own key
+	// space, like per-account keys in payment APIs: the ledger ID of a
+	// request with a principal is PrincipalKeyID(key, principal). A key
+	// replays only to the principal that sent it; another principal's
+	// request with the same key and body runs on its own, and its answer
+	// does not depend on whether the key exists for someone else, so it
+	// learns nothing about other principals' keys. Requests without a
+	// principal ("") keep the plain key: such a route or method shares
+	// keys with a consumer only for them.
+	//
+	// A route or method under it takes keys of at most
+	// MaxPartLen-PrincipalSuffixLen (231) bytes (fewer where the front
+	// appends more to the ID), on every request, also one whose principal
+	// is "": a key's limit is the route's or method's, not the caller's.
+	//
+	// No refusal mode is offered: refusing a key because another principal
+	// holds it would tell the caller that the key exists.
+	PrincipalIsolated PrincipalPolicy = iota
+	// PrincipalShared keys requests by the key alone: any principal of the
+	// tenant that sends the same key and request gets the stored answer.
+	// The principal is recorded for audit only. Use it for a route or
+	// method whose keys are shared with a consumer (the event ID is the
+	// plain key), or where several principals legitimately retry one
+	// operation.
+	PrincipalShared
+)
+
 // PrincipalKeyID is the ledger ID under which a request front (the HTTP and
-// gRPC bridges) records a client's key when keys are isolated per
-// principal: the key, U+00B7 and the first 16 bytes of SHA-256(principal)
-// in unpadded base64url (24 bytes after the key). Client keys are printable
-// ASCII, so no key a client sends equals such an ID, and both bridges give
-// one principal's key the same ID.
+// gRPC bridges) records a client's key under PrincipalIsolated: the key,
+// U+00B7 and the first 16 bytes of SHA-256(principal) in unpadded
+// base64url (24 bytes after the key). Client keys are printable ASCII, so
+// no key a client sends equals such an ID, and both bridges give one
+// principal's key the same ID, so that it dedupes across them. Use it to
+// find or release such a key (Ledger.Lookup, Ledger.Release, the CLI);
+// HTTP routes with MismatchNewRequest append a fingerprint suffix after
+// it.
 //
 // An isolated key may therefore be at most MaxPartLen-PrincipalSuffixLen
 // bytes long.

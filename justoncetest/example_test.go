@@ -10,6 +10,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/justoncetest"
@@ -82,7 +83,7 @@ func ExampleRequireFailed() {
 		Ledger:      ledger,
 		Scope:       "billing",
 		MaxAttempts: 3,
-		Backoff:     consumer.Backoff{Initial: time.Millisecond, Max: time.Millisecond},
+		Backoff:     backoff.Backoff{Initial: time.Millisecond, Max: time.Millisecond},
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		return errors.New("card declined")
 	})

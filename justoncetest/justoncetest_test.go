@@ -15,6 +15,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/justoncetest"
@@ -115,7 +116,7 @@ func setup(t *testing.T) *fixture {
 		Ledger:      fx.ledger,
 		Scope:       "billing",
 		MaxAttempts: 2,
-		Backoff:     consumer.Backoff{Initial: time.Millisecond, Max: time.Millisecond},
+		Backoff:     backoff.Backoff{Initial: time.Millisecond, Max: time.Millisecond},
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		fx.mu.Lock()
 		fx.runs[m.ID]++

@@ -23,6 +23,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
@@ -153,7 +154,7 @@ func (fx *fixture) options(scope string, h consumer.Handler) Options {
 			Ledger:      fx.ledger,
 			Scope:       scope,
 			MaxAttempts: 3,
-			Backoff:     consumer.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond},
+			Backoff:     backoff.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond},
 			Hooks: consumer.Hooks{OnOutcome: func(m *consumer.Message, out inbox.Outcome, _ time.Duration) {
 				if out.Disposition == inbox.Executed || out.Disposition == inbox.Duplicate {
 					fx.seen.Add(1)

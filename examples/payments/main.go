@@ -45,6 +45,7 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/grpcbridge"
+	"github.com/justonce/justonce/grpcretry"
 	"github.com/justonce/justonce/httpbridge"
 	"github.com/justonce/justonce/httpretry"
 	"github.com/justonce/justonce/inbox"
@@ -229,7 +230,7 @@ func run(ctx context.Context) error {
 	go func() { _ = gsrv.Serve(gln) }()
 	defer gsrv.Stop()
 	gconn, err := grpc.NewClient(gln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithUnaryInterceptor(grpcbridge.UnaryClientInterceptor(grpcbridge.ClientConfig{})))
+		grpc.WithUnaryInterceptor(grpcretry.UnaryClientInterceptor(grpcretry.Config{})))
 	if err != nil {
 		return err
 	}

@@ -26,6 +26,7 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/kafkaadmin"
 	"github.com/justonce/justonce/harness/svcenv"
@@ -560,7 +561,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 			return sum, err
 		}
 		defer srv.Close()
-		client := &http.Client{Timeout: 30 * time.Second, Transport: &httpretry.Transport{MaxAttempts: 100, Backoff: httpretry.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}}}
+		client := &http.Client{Timeout: 30 * time.Second, Transport: &httpretry.Transport{MaxAttempts: 100, Backoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}}}
 		sem := make(chan struct{}, 24)
 		httpWG.Add(1)
 		go func() {

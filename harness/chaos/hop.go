@@ -39,6 +39,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/kafkaadmin"
 	"github.com/justonce/justonce/httpbridge"
@@ -419,7 +420,7 @@ func setupHops(ctx context.Context, o options, h *hops, sum *summary, nc *nats.C
 func (h *hops) httpProducer(ctx context.Context, wg *sync.WaitGroup, addrs []string, keys, clients int) *producer {
 	base := &rotate{addrs: addrs, rt: http.DefaultTransport}
 	client := &http.Client{Timeout: 30 * time.Second, Transport: &httpretry.Transport{Base: base, MaxAttempts: 200,
-		Backoff: httpretry.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}}}
+		Backoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}}}
 	sem := make(chan struct{}, 16)
 	send := func(key string) {
 		defer wg.Done()

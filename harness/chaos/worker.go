@@ -18,6 +18,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/redis/go-redis/v9"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/transports/kafkainbox"
@@ -101,8 +102,8 @@ func classify(err error) string {
 func processorConfig(l *inbox.Ledger, r *reporter) consumer.Config {
 	return consumer.Config{
 		Ledger: l, Scope: scope, MaxAttempts: maxAttempts,
-		Backoff:      consumer.Backoff{Initial: 20 * time.Millisecond, Max: 300 * time.Millisecond},
-		StoreBackoff: consumer.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond},
+		Backoff:      backoff.Backoff{Initial: 20 * time.Millisecond, Max: 300 * time.Millisecond},
+		StoreBackoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond},
 		Hooks: consumer.Hooks{
 			OnOutcome: func(_ *consumer.Message, out inbox.Outcome, _ time.Duration) {
 				if out.Disposition == inbox.Executed {

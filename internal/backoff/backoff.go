@@ -1,36 +1,18 @@
-// Package backoff computes exponential backoff with jitter, the one
-// formula the runtime and the HTTP client retry with.
+// Package backoff is what is left of the backoff formula's former private
+// home: Delay, for the ledger's lease renewal (inbox/lease.go), which has
+// not moved to the public package yet. The formula itself lives in the
+// public package backoff; remove this one once inbox imports that.
 package backoff
 
 import (
-	"context"
-	"math/rand/v2"
 	"time"
+
+	pub "github.com/justonce/justonce/backoff"
 )
 
-// Sleep waits d, or until ctx ends: then it returns ctx's error.
-func Sleep(ctx context.Context, d time.Duration) error {
-	if d <= 0 {
-		return ctx.Err()
-	}
-	t := time.NewTimer(d)
-	defer t.Stop()
-	select {
-	case <-t.C:
-		return nil
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-}
-
 // Delay is the wait before retry n (from 1): a random time between half
-// and all of min(initial·multiplier^(n-1), max).
+// and all of min(initial·multiplier^(n-1), max), as backoff.Backoff.Delay
+// computes it.
 func Delay(initial, max time.Duration, multiplier float64, n int) time.Duration {
-	d := float64(initial)
-	for i := 1; i < n && d < float64(max); i++ {
-		d *= multiplier
-	}
-	d = min(d, float64(max))
-	half := time.Duration(d / 2)
-	return half + rand.N(time.Duration(d)-half+1)
+	return pub.Backoff{Initial: initial, Max: max, Multiplier: multiplier}.Delay(n)
 }

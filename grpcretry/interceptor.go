@@ -1,4 +1,17 @@
-package grpcbridge
+// Package grpcretry is the client side of gRPC idempotency keys: a unary
+// client interceptor that gives each call without a key a UUID v4 key and
+// first_sent, and retries retryable codes with the same key and
+// first_sent, honouring the server's RetryInfo. It follows AEP-155: a
+// request message with an idempotency field (an aep.api.IdempotencyKey
+// shaped message with a key and a first_sent Timestamp, or a string) gets
+// the key there, on a copy; any other request gets it in metadata. It
+// fits the server interceptor of package grpcbridge, and any server that
+// reads the same metadata or field.
+//
+// It depends only on gRPC, protobuf and package backoff, so a client
+// program does not link the ledger's database drivers. Package httpretry
+// is its HTTP counterpart.
+package grpcretry
 
 import (
 	"context"
@@ -14,12 +27,28 @@ import (
 	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
-	"github.com/justonce/justonce/internal/backoff"
+	"github.com/justonce/justonce/backoff"
 )
 
-// ClientConfig configures UnaryClientInterceptor. The zero value is ready
-// to use.
-type ClientConfig struct {
+// Wire names the interceptor writes, the defaults grpcbridge reads.
+const (
+	// DefaultMetadataKey is the request metadata carrying the key.
+	DefaultMetadataKey = "idempotency-key"
+	// DefaultFirstSentKey is the request metadata carrying first_sent (RFC
+	// 3339) when the key is in metadata.
+	DefaultFirstSentKey = "idempotency-first-sent"
+	// DefaultField is the request message field of AEP-155.
+	DefaultField = "idempotency_key"
+)
+
+// DefaultBackoffMax is the longest wait between attempts, and the cap of a
+// RetryInfo delay, when Config.Backoff.Max is unset: 5 s, shorter than the
+// runtime's 30 s (consumer.DefaultBackoffMax) as a caller is waiting.
+const DefaultBackoffMax = 5 * time.Second
+
+// Config configures UnaryClientInterceptor. The zero value is ready to
+// use.
+type Config struct {
 	// MetadataKey and FirstSentKey name the metadata the key and
 	// first_sent go in, for requests without an AEP-155 field. Defaults
 	// "idempotency-key" and "idempotency-first-sent".
@@ -32,8 +61,9 @@ type ClientConfig struct {
 	// MaxAttempts, the first included. Default 4.
 	MaxAttempts int
 	// Backoff between attempts. A RetryInfo delay in the answer is
-	// honoured instead, up to Backoff.Max.
-	Backoff Backoff
+	// honoured instead, up to Backoff.Max. Unset fields: 100 ms,
+	// DefaultBackoffMax (5 s), multiplier 2.
+	Backoff backoff.Backoff
 	// Retry says which codes are retried with the same key. Nil:
 	// DefaultRetry.
 	Retry func(codes.Code) bool
@@ -42,13 +72,6 @@ type ClientConfig struct {
 	// Methods, when set, limits the interceptor to these full method
 	// names; other calls pass through once, untouched.
 	Methods []string
-}
-
-// Backoff is exponential backoff with jitter: retry n waits a random time
-// between half and all of min(Initial·2^(n-1), Max).
-type Backoff struct {
-	Initial time.Duration // default 100 ms
-	Max     time.Duration // default 5 s
 }
 
 // DefaultRetry retries the codes a server answers when the call did not
@@ -69,25 +92,12 @@ func DefaultRetry(c codes.Code) bool {
 // field when it has one, else in metadata) and retries retryable codes
 // with the same key and first_sent:
 //
-//	conn, err := grpc.NewClient(addr, grpc.WithUnaryInterceptor(grpcbridge.UnaryClientInterceptor(grpcbridge.ClientConfig{})))
+//	conn, err := grpc.NewClient(addr, grpc.WithUnaryInterceptor(grpcretry.UnaryClientInterceptor(grpcretry.Config{})))
 //
 // A key the caller set (in the field or the metadata) is kept; a request
 // with a key in metadata is not changed.
-func UnaryClientInterceptor(cfg ClientConfig) grpc.UnaryClientInterceptor {
-	cfg.MetadataKey = or(cfg.MetadataKey, DefaultMetadataKey)
-	cfg.FirstSentKey = or(cfg.FirstSentKey, DefaultFirstSentKey)
-	cfg.Field = or(cfg.Field, DefaultField)
-	if cfg.MaxAttempts <= 0 {
-		cfg.MaxAttempts = 4
-	}
-	cfg.Backoff.Initial = or(cfg.Backoff.Initial, 100*time.Millisecond)
-	cfg.Backoff.Max = or(cfg.Backoff.Max, 5*time.Second)
-	if cfg.Retry == nil {
-		cfg.Retry = DefaultRetry
-	}
-	if cfg.NewKey == nil {
-		cfg.NewKey = func() string { return uuid.NewString() }
-	}
+func UnaryClientInterceptor(cfg Config) grpc.UnaryClientInterceptor {
+	cfg = cfg.withDefaults()
 	var only map[string]bool
 	if len(cfg.Methods) > 0 {
 		only = map[string]bool{}
@@ -106,24 +116,51 @@ func UnaryClientInterceptor(cfg ClientConfig) grpc.UnaryClientInterceptor {
 			if err == nil || attempt >= cfg.MaxAttempts || !cfg.Retry(code) || ctx.Err() != nil {
 				return err
 			}
-			wait := backoff.Delay(cfg.Backoff.Initial, cfg.Backoff.Max, 2, attempt)
-			if d, ok := retryDelay(err); ok {
-				wait = min(d, cfg.Backoff.Max)
-			}
-			t := time.NewTimer(wait)
-			select {
-			case <-ctx.Done():
-				t.Stop()
+			if backoff.Sleep(ctx, cfg.wait(attempt, err)) != nil {
 				return err
-			case <-t.C:
 			}
 		}
 	}
 }
 
+// withDefaults is cfg with its unset fields at their defaults.
+func (cfg Config) withDefaults() Config {
+	cfg.MetadataKey = or(cfg.MetadataKey, DefaultMetadataKey)
+	cfg.FirstSentKey = or(cfg.FirstSentKey, DefaultFirstSentKey)
+	cfg.Field = or(cfg.Field, DefaultField)
+	if cfg.MaxAttempts <= 0 {
+		cfg.MaxAttempts = 4
+	}
+	cfg.Backoff = cfg.Backoff.Or(backoff.Backoff{Max: DefaultBackoffMax})
+	if cfg.Retry == nil {
+		cfg.Retry = DefaultRetry
+	}
+	if cfg.NewKey == nil {
+		cfg.NewKey = uuid.NewString
+	}
+	return cfg
+}
+
+// wait is the wait after failed attempt n (from 1) that answered err: its
+// RetryInfo delay when it has one, else the backoff's, at most Backoff.Max.
+func (cfg *Config) wait(n int, err error) time.Duration {
+	if d, ok := retryDelay(err); ok {
+		return min(d, cfg.Backoff.Max)
+	}
+	return cfg.Backoff.Delay(n)
+}
+
+func or[T comparable](v, def T) T {
+	var zero T
+	if v == zero {
+		return def
+	}
+	return v
+}
+
 // withKey gives req a key when it has none: in its AEP-155 field, on a
 // copy, or else in the outgoing metadata.
-func (cfg *ClientConfig) withKey(ctx context.Context, req any) (any, context.Context) {
+func (cfg *Config) withKey(ctx context.Context, req any) (any, context.Context) {
 	now := time.Now().UTC()
 	md, _ := metadata.FromOutgoingContext(ctx)
 	if len(md.Get(cfg.MetadataKey)) > 0 {
