@@ -217,6 +217,7 @@ func Refusals(t *testing.T, tg Target) {
 	fx.waitDrained(t, 60*time.Second)
 
 	got := tg.Read(t, fx.addr, dest)
+	require.Equal(t, 2, len(got), "published: the two messages the broker takes, alone")
 	require.Equal(t, []string{"0", "1"}, values(got), "a later message of the key overtakes the refused ones")
 	require.Equal(t, ids[0], got[0].ID)
 	require.Equal(t, "order.created", got[0].Header("type"))
@@ -297,21 +298,26 @@ func TwoHop(t *testing.T, tg Target) {
 			Backoff: consumer.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}}
 	}
 	const n = 200
+	keyOf := func(i int) string { return "key-" + strconv.Itoa(i%10) }
 	var events []Event
 	for i := range n {
-		events = append(events, Event{ID: "evt-" + strconv.Itoa(i), Key: "key-" + strconv.Itoa(i%10), Value: []byte(strconv.Itoa(i))})
+		events = append(events, Event{ID: "evt-" + strconv.Itoa(i), Key: keyOf(i), Value: []byte(strconv.Itoa(i))})
 	}
 	tg.Produce(t, fx.addr, src, events)
 	tg.Produce(t, fx.addr, src, events) // every event twice
 
 	var failedFirst atomic.Int64
 	a := tg.Consumer(t, fx.addr, src, "hop-a-"+src, pc("hop-a"), func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		_, err := fx.ob.Add(ctx, tx, outbox.Message{Broker: tg.Broker, Topic: tg.Topic(dst, string(m.Key)), Key: m.Key, Value: m.Value,
-			Headers: []consumer.Header{{Key: "source", Value: []byte(m.ID)}}})
+		i, err := strconv.Atoi(string(m.Value))
 		if err != nil {
+			return consumer.Permanent(err)
+		}
+		key := keyOf(i) // the event's (a NATS message has no key)
+		if _, err := fx.ob.Add(ctx, tx, outbox.Message{Broker: tg.Broker, Topic: tg.Topic(dst, key), Key: []byte(key), Value: m.Value,
+			Headers: []consumer.Header{{Key: "source", Value: []byte(m.ID)}}}); err != nil {
 			return err
 		}
-		if i, _ := strconv.Atoi(string(m.Value)); i%5 == 0 && m.Attempt == 1 {
+		if i%5 == 0 && m.Attempt == 1 {
 			failedFirst.Add(1)
 			return errors.New("the first attempt fails after adding its message")
 		}
