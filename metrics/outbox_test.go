@@ -15,6 +15,7 @@ import (
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/metrics"
 	"github.com/justonce/justonce/outbox"
+	"github.com/justonce/justonce/transports/kafkainbox"
 )
 
 // The outbox collector against a real outbox and a relay to a real Kafka:
@@ -59,7 +60,9 @@ func TestOutboxCollector(t *testing.T) {
 
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), BatchBytes: 4 << 20}
 	defer w.Close()
-	r, err := ob.Relay(outbox.RelayConfig{Kafka: w, Hooks: c.Hooks()})
+	pub, err := kafkainbox.NewOutboxPublisher(w)
+	require.NoError(t, err)
+	r, err := ob.Relay(outbox.RelayConfig{Publishers: map[outbox.Broker]outbox.Publisher{outbox.Kafka: pub}, Hooks: c.Hooks()})
 	require.NoError(t, err)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)

@@ -94,7 +94,7 @@ func BenchmarkRelayThroughput(b *testing.B) {
 			w := &kafka.Writer{Addr: kafka.TCP(fx.brokers...), Transport: &kafka.Transport{}}
 			var published atomic.Int64
 			done := make(chan struct{})
-			rl2, err := fx.ob.Relay(outbox.RelayConfig{Kafka: w, Hooks: outbox.RelayHooks{OnPublished: func(_ outbox.Broker, _, k int) {
+			rl2, err := fx.ob.Relay(outbox.RelayConfig{Publishers: publishers(kafkaOn(b, w), nil), Hooks: outbox.RelayHooks{OnPublished: func(_ outbox.Broker, _, k int) {
 				if published.Add(int64(k)) == int64(perRound) {
 					close(done)
 				}
@@ -233,7 +233,7 @@ func BenchmarkIdleLatency(b *testing.B) {
 	b.Cleanup(func() { _ = w.Close() })
 	direct := &kafka.Writer{Addr: kafka.TCP(fx.brokers...), Transport: &kafka.Transport{}, RequiredAcks: kafka.RequireAll, BatchTimeout: time.Millisecond}
 	b.Cleanup(func() { _ = direct.Close() })
-	fx.relay(b, outbox.RelayConfig{Kafka: w, PollInterval: time.Hour, Hooks: outbox.RelayHooks{
+	fx.relay(b, outbox.RelayConfig{Publishers: publishers(kafkaOn(b, w), nil), PollInterval: time.Hour, Hooks: outbox.RelayHooks{
 		OnPublished: func(outbox.Broker, int, int) { acked <- time.Now() },
 	}})
 	testsvc.Eventually(b, 30*time.Second, func() bool { return listening(b, fx) }, "relay listening")

@@ -10,16 +10,22 @@
 // the event's key and its place among the handler's messages (EventID), so
 // a retried or replayed handler writes the same IDs.
 //
-// A Relay publishes the committed messages: Kafka with kafka-go, acked by
-// every in-sync replica, with the ID in the header ce_id; NATS JetStream
-// with the ID in Nats-Msg-Id, acks awaited. Messages are spread over lanes
-// by hash(broker, topic, key); a relay publishes a lane only while it holds
-// the lane's Postgres advisory lock, in one transaction that reads the
-// lane's oldest pending messages in order, publishes them as one batch and
+// A Relay publishes the committed messages through a Publisher per broker
+// (RelayConfig.Publishers): Kafka with kafka-go
+// (kafkainbox.NewOutboxPublisher) or franz-go
+// (franzinbox.NewOutboxPublisher), acked by every in-sync replica, with
+// the ID in the header ce_id; NATS JetStream (natsinbox.NewOutboxPublisher)
+// with the ID in Nats-Msg-Id, acks awaited. This package links no broker
+// client: a program links only the clients of the publishers it makes.
+// Messages are spread over lanes by hash(broker, topic, key) (the broker,
+// not the client: a Kafka message's lane is the same whichever Kafka
+// publisher sends it); a relay publishes a lane only while it holds the
+// lane's Postgres advisory lock, in one transaction that reads the lane's
+// oldest pending messages in order, publishes them as one batch and
 // deletes them. So several relays run side by side without publishing a
 // message twice, and the messages of one key are published in the order
-// they were committed (see below). A relay wakes on LISTEN/NOTIFY when a transaction that
-// added messages commits, and polls as a fallback.
+// they were committed (see below). A relay wakes on LISTEN/NOTIFY when a
+// transaction that added messages commits, and polls as a fallback.
 //
 // # Guarantees and where they stop
 //
@@ -28,10 +34,10 @@
 // the broker acked a batch and before the batch's deletion committed: the
 // next relay publishes the batch again with the same IDs (so does a
 // database crash just after a batch committed: the relay commits without
-// waiting for the WAL flush). A justonce
-// consumer (kafkainbox, natsinbox) dedupes them in its ledger, and
-// JetStream drops a repeated Nats-Msg-Id within the stream's duplicate
-// window; any other consumer must dedupe on the message ID itself.
+// waiting for the WAL flush). A justonce consumer (kafkainbox,
+// franzinbox, natsinbox) dedupes them in its ledger, and JetStream drops a
+// repeated Nats-Msg-Id within the stream's duplicate window; any other
+// consumer must dedupe on the message ID itself.
 //
 // Order holds per (broker, topic, key) among messages whose transactions
 // did not overlap (and within one transaction, in the order Add was

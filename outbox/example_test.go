@@ -21,6 +21,7 @@ import (
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/migrations"
 	"github.com/justonce/justonce/outbox"
+	"github.com/justonce/justonce/transports/kafkainbox"
 )
 
 // A consumer's handler announces what it did: the outbox message commits
@@ -67,9 +68,17 @@ func Example() {
 		fmt.Println("delivery:", d.Outcome.Disposition)
 	}
 
-	// The relay, in the consumer's process or a process of its own.
+	// The relay, in the consumer's process or a process of its own. Its
+	// Kafka publisher: kafka-go here; franzinbox.NewOutboxPublisher for
+	// franz-go.
+	w := &kafka.Writer{Addr: kafka.TCP(strings.Split(os.Getenv("KAFKA_BROKERS"), ",")...)}
+	defer w.Close()
+	pub, err := kafkainbox.NewOutboxPublisher(w)
+	if err != nil {
+		log.Fatal(err)
+	}
 	relay, err := ob.Relay(outbox.RelayConfig{
-		Kafka: &kafka.Writer{Addr: kafka.TCP(strings.Split(os.Getenv("KAFKA_BROKERS"), ",")...)},
+		Publishers: map[outbox.Broker]outbox.Publisher{outbox.Kafka: pub},
 	})
 	if err != nil {
 		log.Fatal(err)

@@ -18,6 +18,8 @@ import (
 
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/outbox"
+	"github.com/justonce/justonce/transports/kafkainbox"
+	"github.com/justonce/justonce/transports/natsinbox"
 )
 
 // fixture is one test's schema, outbox and brokers.
@@ -48,11 +50,38 @@ func (fx *fixture) add(t testing.TB, msgs ...outbox.Message) []string {
 	return ids
 }
 
-// writer is a kafka-go writer for the relay.
+// writer is a kafka-go writer for a relay's publisher.
 func (fx *fixture) writer(t testing.TB) *kafka.Writer {
 	w := &kafka.Writer{Addr: kafka.TCP(fx.brokers...)}
 	t.Cleanup(func() { _ = w.Close() })
 	return w
+}
+
+// kafka is a kafka-go publisher on a writer of its own.
+func (fx *fixture) kafka(t testing.TB) outbox.Publisher {
+	return kafkaOn(t, fx.writer(t))
+}
+
+// kafkaOn is a kafka-go publisher on w.
+func kafkaOn(t testing.TB, w *kafka.Writer) outbox.Publisher {
+	t.Helper()
+	p, err := kafkainbox.NewOutboxPublisher(w)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
+}
+
+// publishers is RelayConfig.Publishers with a Kafka and a NATS
+// publisher, either of which may be nil.
+func publishers(kafka, nats outbox.Publisher) map[outbox.Broker]outbox.Publisher {
+	m := map[outbox.Broker]outbox.Publisher{}
+	if kafka != nil {
+		m[outbox.Kafka] = kafka
+	}
+	if nats != nil {
+		m[outbox.NATS] = nats
+	}
+	return m
 }
 
 // relay starts a relay and stops it when the test ends.
@@ -212,6 +241,20 @@ func newNATS(t testing.TB) *natsEnv {
 	js, err := jetstream.New(nc)
 	require.NoError(t, err)
 	return &natsEnv{nc: nc, js: js}
+}
+
+// publisher is a JetStream publisher on the connection.
+func (e *natsEnv) publisher(t testing.TB) outbox.Publisher {
+	return natsOn(t, e.js)
+}
+
+// natsOn is a JetStream publisher on js.
+func natsOn(t testing.TB, js jetstream.JetStream) outbox.Publisher {
+	t.Helper()
+	p, err := natsinbox.NewOutboxPublisher(js)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = p.Close() })
+	return p
 }
 
 // stream creates a stream on subject with the given duplicate window.

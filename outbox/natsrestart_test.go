@@ -51,7 +51,7 @@ func TestNATSRestartKeepsOrder(t *testing.T) {
 
 	fx := newFixture(t, 1)
 	var published, retries, failed atomic.Int64
-	fx.relay(t, outbox.RelayConfig{NATS: js, PublishTimeout: time.Second,
+	fx.relay(t, outbox.RelayConfig{Publishers: publishers(nil, natsOn(t, js)), PublishTimeout: time.Second,
 		Backoff: consumer.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
 		Hooks: outbox.RelayHooks{
 			OnPublished: func(_ outbox.Broker, _, n int) { published.Add(int64(n)) },

@@ -21,19 +21,23 @@ import (
 	"github.com/justonce/justonce/inbox"
 )
 
-// Broker says which relay publisher sends a message.
+// Broker says where a message goes, and so which of a relay's
+// Publishers sends it. It is part of the message's lane (see Lane), not
+// the client that publishes it: a Kafka message is published by whichever
+// Kafka publisher the relay has (kafka-go or franz-go).
 type Broker string
 
 // The brokers the relay publishes to.
 const (
-	Kafka Broker = "kafka" // a Kafka topic, with kafka-go
+	Kafka Broker = "kafka" // a Kafka topic
 	NATS  Broker = "nats"  // a NATS JetStream subject
 )
 
 // Message is one message to publish once its transaction commits.
 type Message struct {
-	// ID names the message downstream: the relay sends it as the Kafka
-	// header ce_id and as the NATS header Nats-Msg-Id. Empty: derived.
+	// ID names the message downstream: the publishers send it as the
+	// Kafka header ce_id (KafkaIDHeader) and as the NATS header
+	// Nats-Msg-Id. Empty: derived.
 	// Inside a justonce handler (inbox.EventKey(ctx) is set) it is a
 	// UUID derived from the event's key and inbox.Sequence(ctx), the same
 	// on every run of the handler; elsewhere a random UUID.

@@ -59,7 +59,7 @@ func TestRollbackNothingCommitOnce(t *testing.T) {
 
 	var mu sync.Mutex
 	published := map[outbox.Broker]int{}
-	fx.relay(t, outbox.RelayConfig{Kafka: fx.writer(t), NATS: ns.js, Hooks: outbox.RelayHooks{
+	fx.relay(t, outbox.RelayConfig{Publishers: publishers(fx.kafka(t), ns.publisher(t)), Hooks: outbox.RelayHooks{
 		OnPublished: func(b outbox.Broker, _, n int) { mu.Lock(); published[b] += n; mu.Unlock() },
 	}})
 	fx.waitDrained(t, 60*time.Second)
@@ -174,7 +174,7 @@ func TestDeterministicIDsAcrossRetries(t *testing.T) {
 	require.Equal(t, want, runs[2])
 	mu.Unlock()
 
-	fx.relay(t, outbox.RelayConfig{Kafka: fx.writer(t)})
+	fx.relay(t, outbox.RelayConfig{Publishers: publishers(fx.kafka(t), nil)})
 	fx.waitDrained(t, 60*time.Second)
 	msgs := allMessages(readTopic(t, fx.brokers, topic))
 	require.Len(t, msgs, 2, "the failed run's messages rolled back with it")

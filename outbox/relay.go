@@ -3,20 +3,20 @@ package outbox
 import (
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats.go/jetstream"
-	"github.com/segmentio/kafka-go"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/inbox"
 )
 
 // Relay defaults.
@@ -32,20 +32,14 @@ const dbTimeout = 30 * time.Second
 
 // RelayConfig configures a Relay.
 type RelayConfig struct {
-	// Kafka publishes the messages whose Broker is Kafka. The relay needs
-	// it synchronous (Async false) and without a Topic of its own (each
-	// message names its topic), and sets on it, before its first use:
-	// RequiredAcks = kafka.RequireAll (acks from every in-sync replica);
-	// when zero, Balancer = kafka.Murmur2Balancer (a key always lands on
-	// the same partition, as with the Java client), BatchSize = BatchSize
-	// and BatchTimeout = 1 ms (the relay hands it whole batches; kafka-go's
-	// 1 s default would hold each one back). A relay without a Kafka
-	// writer leaves Kafka messages to relays that have one.
-	Kafka *kafka.Writer
-	// NATS publishes the messages whose Broker is NATS, to JetStream,
-	// asynchronously, awaiting every ack. A relay without one leaves NATS
-	// messages to relays that have one.
-	NATS jetstream.JetStream
+	// Publishers publish the messages of each broker: Publishers[Kafka]
+	// those whose Broker is Kafka (kafkainbox.NewOutboxPublisher with
+	// kafka-go, or franzinbox.NewOutboxPublisher with franz-go),
+	// Publishers[NATS] those whose Broker is NATS
+	// (natsinbox.NewOutboxPublisher). At least one. A relay reads only the
+	// messages of the brokers it has a publisher for, and leaves the
+	// others to relays that have one. The relay does not close them.
+	Publishers map[Broker]Publisher
 	// BatchSize is how many messages of one lane a relay publishes per
 	// transaction. Default DefaultBatchSize.
 	BatchSize int
@@ -101,12 +95,24 @@ type laneBackoff struct {
 	until   time.Time
 }
 
-// Relay returns a relay for the outbox. It changes cfg.Kafka's settings
-// as RelayConfig.Kafka says.
+// Relay returns a relay for the outbox. It refuses (inbox.ErrConfig) a
+// configuration without a publisher, with a nil one, or with one for a
+// broker other than Kafka and NATS.
 func (o *Outbox) Relay(cfg RelayConfig) (*Relay, error) {
-	if cfg.Kafka == nil && cfg.NATS == nil {
-		return nil, errors.New("justonce/outbox: a relay needs a Kafka writer or a NATS JetStream")
+	if len(cfg.Publishers) == 0 {
+		return nil, fmt.Errorf("%w: justonce/outbox: a relay needs a publisher (RelayConfig.Publishers)", inbox.ErrConfig)
 	}
+	var brokers []string
+	for b, p := range cfg.Publishers {
+		if b != Kafka && b != NATS {
+			return nil, fmt.Errorf("%w: justonce/outbox: a publisher for the unknown broker %q", inbox.ErrConfig, b)
+		}
+		if p == nil {
+			return nil, fmt.Errorf("%w: justonce/outbox: the %s publisher is nil", inbox.ErrConfig, b)
+		}
+		brokers = append(brokers, string(b))
+	}
+	slices.Sort(brokers)
 	if cfg.BatchSize <= 0 {
 		cfg.BatchSize = DefaultBatchSize
 	}
@@ -122,31 +128,7 @@ func (o *Outbox) Relay(cfg RelayConfig) (*Relay, error) {
 	if cfg.Logger == nil {
 		cfg.Logger = o.log
 	}
-	if w := cfg.Kafka; w != nil {
-		if w.Async {
-			return nil, errors.New("justonce/outbox: the Kafka writer must be synchronous (Async false)")
-		}
-		if w.Topic != "" {
-			return nil, errors.New("justonce/outbox: the Kafka writer must not set Topic: each message names its own")
-		}
-		w.RequiredAcks = kafka.RequireAll
-		if w.Balancer == nil {
-			w.Balancer = kafka.Murmur2Balancer{}
-		}
-		if w.BatchSize == 0 {
-			w.BatchSize = cfg.BatchSize
-		}
-		if w.BatchTimeout == 0 {
-			w.BatchTimeout = time.Millisecond
-		}
-	}
-	var brokers []string
-	if cfg.Kafka != nil {
-		brokers = append(brokers, string(Kafka))
-	}
-	if cfg.NATS != nil {
-		brokers = append(brokers, string(NATS))
-	}
+	cfg.Publishers = maps.Clone(cfg.Publishers)
 	return &Relay{o: o, cfg: cfg, log: cfg.Logger, brokers: brokers, backoff: map[int]laneBackoff{}}, nil
 }
 
@@ -433,7 +415,7 @@ ORDER BY seq LIMIT $2`, lane, r.cfg.BatchSize, r.brokers).
 				return nil
 			}
 			var err error
-			msgs, err = scanPending(rows)
+			msgs, err = r.scanPending(rows)
 			return err
 		})
 	if err := conn.SendBatch(bctx, lb).Close(); err != nil {
@@ -442,47 +424,29 @@ ORDER BY seq LIMIT $2`, lane, r.cfg.BatchSize, r.brokers).
 	if !locked || len(msgs) == 0 {
 		return 0, false, nil
 	}
-	var kmsgs, nmsgs []*pending
-	for _, p := range msgs {
-		switch p.broker {
-		case Kafka:
-			kmsgs = append(kmsgs, p)
-		case NATS:
-			nmsgs = append(nmsgs, p)
-		}
-	}
-	// A lane is one (broker, topic, key) hash: both brokers in one lane
-	// publish side by side.
+	// A lane is one (broker, topic, key) hash: the brokers of one lane
+	// publish side by side, each its messages in order.
 	pctx, pcancel := context.WithTimeout(base, r.cfg.PublishTimeout)
 	defer pcancel()
-	var wg sync.WaitGroup
-	if len(kmsgs) > 0 {
-		if r.cfg.Kafka == nil {
-			for _, p := range kmsgs {
-				p.err = &PublishError{ID: p.id, Broker: Kafka, Topic: p.topic, Err: errors.New("the relay has no Kafka writer")}
-			}
-		} else {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				publishKafka(pctx, r.cfg.Kafka, kmsgs)
-				confirmUnknownTopics(pctx, r.cfg.Kafka, kmsgs)
-			}()
-		}
+	groups := make([][]*pending, len(r.brokers))
+	for _, p := range msgs {
+		groups[p.broker] = append(groups[p.broker], p)
 	}
-	if len(nmsgs) > 0 {
-		if r.cfg.NATS == nil {
-			for _, p := range nmsgs {
-				p.err = &PublishError{ID: p.id, Broker: NATS, Topic: p.topic, Err: errors.New("the relay has no NATS JetStream")}
-			}
-		} else {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				publishNATS(pctx, r.cfg.NATS, nmsgs)
-				confirmNoStream(pctx, r.cfg.NATS, nmsgs)
-			}()
+	var wg sync.WaitGroup
+	for i, g := range groups {
+		if len(g) == 0 {
+			continue
 		}
+		b := Broker(r.brokers[i])
+		if len(g) == len(msgs) { // one broker: no goroutine
+			publish(pctx, r.cfg.Publishers[b], b, g)
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			publish(pctx, r.cfg.Publishers[b], b, g)
+		}()
 	}
 	wg.Wait()
 
@@ -490,24 +454,17 @@ ORDER BY seq LIMIT $2`, lane, r.cfg.BatchSize, r.brokers).
 		done                []int64
 		failSeq, retrySeq   []int64
 		failErr, retryErr   []string
-		pubKafka, pubNATS   int
+		published           = make([]int, len(r.brokers))
 		firstTransient      *PublishError
 		failedErrs, retries []*PublishError
 	)
 	for _, p := range msgs {
 		if p.err == nil {
 			done = append(done, p.seq)
-			if p.broker == Kafka {
-				pubKafka++
-			} else {
-				pubNATS++
-			}
+			published[p.broker]++
 			continue
 		}
-		var pe *PublishError
-		if !errors.As(p.err, &pe) {
-			pe = &PublishError{ID: p.id, Broker: p.broker, Topic: p.topic, Err: p.err}
-		}
+		pe := publishError(p, p.err)
 		if pe.Permanent {
 			failSeq = append(failSeq, p.seq)
 			failErr = append(failErr, pe.Err.Error())
@@ -549,11 +506,10 @@ FROM unnest($1::bigint[], $2::text[]) AS f(seq, err) WHERE o.seq = f.seq`, retry
 	}
 	h := r.cfg.Hooks
 	if h.OnPublished != nil {
-		if pubKafka > 0 {
-			h.OnPublished(Kafka, lane, pubKafka)
-		}
-		if pubNATS > 0 {
-			h.OnPublished(NATS, lane, pubNATS)
+		for i, n := range published {
+			if n > 0 {
+				h.OnPublished(Broker(r.brokers[i]), lane, n)
+			}
 		}
 	}
 	for _, pe := range failedErrs {
@@ -586,20 +542,31 @@ FROM unnest($1::bigint[], $2::text[]) AS f(seq, err) WHERE o.seq = f.seq`, retry
 
 // scanPending reads the rows of the load: the lane's oldest pending
 // messages, in order.
-func scanPending(rows pgx.Rows) ([]*pending, error) {
+func (r *Relay) scanPending(rows pgx.Rows) ([]*pending, error) {
 	defer rows.Close()
 	var out []*pending
+	var hs []header
 	for rows.Next() {
 		p := &pending{}
+		m := &p.msg
 		var hdr []byte
 		var broker string
-		if err := rows.Scan(&p.seq, &p.id, &broker, &p.topic, &p.key, &hdr, &p.value); err != nil {
+		if err := rows.Scan(&p.seq, &m.ID, &broker, &m.Topic, &m.Key, &hdr, &m.Value); err != nil {
 			return nil, fmt.Errorf("justonce/outbox: load: %w", err)
 		}
-		p.broker = Broker(broker)
+		p.broker = slices.Index(r.brokers, broker)
+		if p.broker < 0 { // the load reads only r.brokers'
+			return nil, fmt.Errorf("justonce/outbox: load: message %s of broker %q", m.ID, broker)
+		}
+		m.Broker = Broker(broker)
 		if len(hdr) > 0 {
-			if err := json.Unmarshal(hdr, &p.headers); err != nil {
-				return nil, fmt.Errorf("justonce/outbox: message %s headers: %w", p.id, err)
+			hs = hs[:0]
+			if err := json.Unmarshal(hdr, &hs); err != nil {
+				return nil, fmt.Errorf("justonce/outbox: message %s headers: %w", m.ID, err)
+			}
+			m.Headers = make([]consumer.Header, len(hs))
+			for i, h := range hs {
+				m.Headers[i] = consumer.Header(h)
 			}
 		}
 		out = append(out, p)

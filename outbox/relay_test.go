@@ -17,6 +17,7 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/testsvc"
+	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/outbox"
 )
 
@@ -40,8 +41,7 @@ func TestConcurrentRelaysOrderNoDuplicates(t *testing.T) {
 	lanesOf := map[int]map[int]bool{0: {}, 1: {}}
 	for i := range 2 {
 		fx.relay(t, outbox.RelayConfig{
-			Kafka:        fx.writer(t),
-			NATS:         ns.js,
+			Publishers:   publishers(fx.kafka(t), ns.publisher(t)),
 			BatchSize:    20, // many batches: the relays meet on lanes
 			Concurrency:  2,
 			PollInterval: 50 * time.Millisecond,
@@ -160,7 +160,7 @@ func TestPermanentFailures(t *testing.T) {
 	var failed []*outbox.PublishError
 	w := fx.writer(t)
 	w.BatchBytes = 4 << 20 // the broker, not kafka-go, refuses the big one
-	fx.relay(t, outbox.RelayConfig{Kafka: w, NATS: ns.js, Hooks: outbox.RelayHooks{
+	fx.relay(t, outbox.RelayConfig{Publishers: publishers(kafkaOn(t, w), ns.publisher(t)), Hooks: outbox.RelayHooks{
 		OnFailed: func(err *outbox.PublishError) { mu.Lock(); failed = append(failed, err); mu.Unlock() },
 	}})
 	fx.waitDrained(t, 60*time.Second)
@@ -216,7 +216,7 @@ func TestNotifyWakesRelay(t *testing.T) {
 	fx := newFixture(t, 4)
 	topic := newTopic(t, fx.brokers, 1)
 	var published atomic.Int64
-	fx.relay(t, outbox.RelayConfig{Kafka: fx.writer(t), PollInterval: time.Hour, Hooks: outbox.RelayHooks{
+	fx.relay(t, outbox.RelayConfig{Publishers: publishers(fx.kafka(t), nil), PollInterval: time.Hour, Hooks: outbox.RelayHooks{
 		OnPublished: func(_ outbox.Broker, _, n int) { published.Add(int64(n)) },
 	}})
 	// The relay's first look (at start) found nothing; it waits now.
@@ -236,22 +236,23 @@ func listening(t testing.TB, fx *fixture) bool {
 	return fx.pg.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND query LIKE 'LISTEN %'`, fx.pg.Schema) > 0
 }
 
-// Run runs once; a stopped relay returns nil; a relay needs a publisher
-// and a Kafka writer it can use.
+// Run runs once; a stopped relay returns nil; a relay needs a publisher,
+// of a broker Add knows.
 func TestRelayContract(t *testing.T) {
 	t.Parallel()
 	fx := newFixture(t, 0)
-	_, err := fx.ob.Relay(outbox.RelayConfig{})
-	require.Error(t, err)
-	_, err = fx.ob.Relay(outbox.RelayConfig{Kafka: &kafka.Writer{Addr: kafka.TCP(fx.brokers...), Async: true}})
-	require.Error(t, err)
-	_, err = fx.ob.Relay(outbox.RelayConfig{Kafka: &kafka.Writer{Addr: kafka.TCP(fx.brokers...), Topic: "t"}})
-	require.Error(t, err)
+	for name, ps := range map[string]map[outbox.Broker]outbox.Publisher{
+		"none":           nil,
+		"nil publisher":  {outbox.Kafka: nil},
+		"unknown broker": {"rabbit": fx.kafka(t)},
+	} {
+		_, err := fx.ob.Relay(outbox.RelayConfig{Publishers: ps})
+		require.ErrorIs(t, err, inbox.ErrConfig, name)
+	}
 
-	w := fx.writer(t)
-	r, err := fx.ob.Relay(outbox.RelayConfig{Kafka: w})
+	ps := publishers(fx.kafka(t), nil)
+	r, err := fx.ob.Relay(outbox.RelayConfig{Publishers: ps})
 	require.NoError(t, err)
-	require.Equal(t, kafka.RequireAll, w.RequiredAcks)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Run(ctx) }()
@@ -277,7 +278,7 @@ func TestTransientFailureKeepsOrder(t *testing.T) {
 	w := &kafka.Writer{Addr: kafka.TCP(proxy.Addr()), MaxAttempts: 1}
 	t.Cleanup(func() { _ = w.Close() })
 	var retries atomic.Int64
-	fx.relay(t, outbox.RelayConfig{Kafka: w, PublishTimeout: 2 * time.Second,
+	fx.relay(t, outbox.RelayConfig{Publishers: publishers(kafkaOn(t, w), nil), PublishTimeout: 2 * time.Second,
 		Backoff: consumer.Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond},
 		Hooks:   outbox.RelayHooks{OnRetry: func(*outbox.PublishError) { retries.Add(1) }}})
 	for i := range 20 {
@@ -326,8 +327,8 @@ func TestRelaysPerBroker(t *testing.T) {
 			},
 		}
 	}
-	fx.relay(t, outbox.RelayConfig{Kafka: fx.writer(t), Hooks: only(outbox.Kafka)})
-	fx.relay(t, outbox.RelayConfig{NATS: ns.js, Hooks: only(outbox.NATS)})
+	fx.relay(t, outbox.RelayConfig{Publishers: publishers(fx.kafka(t), nil), Hooks: only(outbox.Kafka)})
+	fx.relay(t, outbox.RelayConfig{Publishers: publishers(nil, ns.publisher(t)), Hooks: only(outbox.NATS)})
 	for i := range 20 {
 		v := []byte(strconv.Itoa(i))
 		fx.add(t, outbox.Message{Broker: outbox.Kafka, Topic: topic, Value: v}, outbox.Message{Broker: outbox.NATS, Topic: subject, Value: v})
@@ -358,7 +359,7 @@ func TestRelaySkipsALaneAnotherHolds(t *testing.T) {
 		fx.add(t, outbox.Message{Broker: outbox.Kafka, Topic: topic, Key: []byte("k"), Value: []byte(strconv.Itoa(i))})
 	}
 	var published atomic.Int64
-	fx.relay(t, outbox.RelayConfig{Kafka: fx.writer(t), PollInterval: 20 * time.Millisecond, Hooks: outbox.RelayHooks{
+	fx.relay(t, outbox.RelayConfig{Publishers: publishers(fx.kafka(t), nil), PollInterval: 20 * time.Millisecond, Hooks: outbox.RelayHooks{
 		OnPublished: func(_ outbox.Broker, _, n int) { published.Add(int64(n)) },
 	}})
 	testsvc.Eventually(t, 30*time.Second, func() bool {

@@ -49,7 +49,9 @@ func TestOutboxTraceAcrossServices(t *testing.T) {
 	require.NoError(t, err)
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), RequiredAcks: kafka.RequireAll, BatchSize: 1, Transport: &kafka.Transport{}}
 	t.Cleanup(func() { _ = w.Close() })
-	relay, err := ob.Relay(outbox.RelayConfig{Kafka: w})
+	pub, err := kafkainbox.NewOutboxPublisher(w)
+	require.NoError(t, err)
+	relay, err := ob.Relay(outbox.RelayConfig{Publishers: map[outbox.Broker]outbox.Publisher{outbox.Kafka: pub}})
 	require.NoError(t, err)
 	for _, r := range []interface{ Run(context.Context) error }{ordersSvc, shippingSvc, relay} {
 		stop, _ := consumertest.Start(t, r)

@@ -287,7 +287,14 @@ func run(ctx context.Context) error {
 	// committed.
 	relayW := &kafka.Writer{Addr: kafka.TCP(brokers...)}
 	defer relayW.Close()
-	relay, err := events.Relay(outbox.RelayConfig{Kafka: relayW, PollInterval: 100 * time.Millisecond})
+	kafkaPub, err := kafkainbox.NewOutboxPublisher(relayW)
+	if err != nil {
+		return err
+	}
+	relay, err := events.Relay(outbox.RelayConfig{
+		Publishers:   map[outbox.Broker]outbox.Publisher{outbox.Kafka: kafkaPub},
+		PollInterval: 100 * time.Millisecond,
+	})
 	if err != nil {
 		return err
 	}

@@ -613,7 +613,7 @@ func run(ctx context.Context, o options) (sum *summary, err error) {
 			producers[pipeKN] = p
 			defer p.closeFn()
 		}
-		hopCommon := append([]string{"-brokers", strings.Join(brokers, ","), "-nats", ns.url()}, common...)
+		hopCommon := append([]string{"-brokers", strings.Join(brokers, ","), "-nats", ns.url(), "-kafka-publisher", o.kafkaPub}, common...)
 		for i := 0; i < o.hopWorkers; i++ {
 			if h.kn {
 				startSlot(roleKNA, i, append([]string{"-transport", roleKNA, "-topic", h.srcTopic}, hopCommon...))

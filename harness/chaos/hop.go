@@ -38,6 +38,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/segmentio/kafka-go"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
@@ -46,6 +47,7 @@ import (
 	"github.com/justonce/justonce/httpretry"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/outbox"
+	"github.com/justonce/justonce/transports/franzinbox"
 	"github.com/justonce/justonce/transports/kafkainbox"
 	"github.com/justonce/justonce/transports/natsinbox"
 )
@@ -106,6 +108,7 @@ type hopArgs struct {
 	slowFor        time.Duration
 	relayBatch     int
 	relayPoll      time.Duration
+	kafkaPub       string // pubKafkaGo or pubFranzGo
 	hostileInA     bool
 	ledger         *inbox.Ledger
 	pool           *pgxpool.Pool
@@ -136,6 +139,41 @@ func (a *hopArgs) outbox() (*outbox.Outbox, error) {
 	return a.outboxInst, a.outboxErr
 }
 
+// The relays' Kafka publishers (-kafka-publisher).
+const (
+	pubKafkaGo = "kafka-go"
+	pubFranzGo = "franz-go"
+)
+
+// kafkaPublisher returns the relay's Kafka publisher, of the client
+// a.kafkaPub names, and a function closing what it opened.
+func (a *hopArgs) kafkaPublisher() (outbox.Publisher, func(), error) {
+	brokers := strings.Split(a.brokers, ",")
+	switch a.kafkaPub {
+	case pubKafkaGo, "":
+		// The publisher sets acks, balancer and batching on the writer.
+		w := &kafka.Writer{Addr: kafka.TCP(brokers...), WriteTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second}
+		p, err := kafkainbox.NewOutboxPublisher(w)
+		if err != nil {
+			_ = w.Close()
+			return nil, nil, err
+		}
+		return p, func() { _ = w.Close() }, nil
+	case pubFranzGo:
+		cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...), kgo.ProduceRequestTimeout(10*time.Second))
+		if err != nil {
+			return nil, nil, err
+		}
+		p, err := franzinbox.NewOutboxPublisher(cl)
+		if err != nil {
+			cl.Close()
+			return nil, nil, err
+		}
+		return p, cl.Close, nil
+	}
+	return nil, nil, fmt.Errorf("-kafka-publisher %q: want %s or %s", a.kafkaPub, pubKafkaGo, pubFranzGo)
+}
+
 // startRelay runs an outbox relay in this process until ctx ends.
 func (a *hopArgs) startRelay(ctx context.Context) error {
 	ob, err := a.outbox()
@@ -150,9 +188,17 @@ func (a *hopArgs) startRelay(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	// The relay sets acks, balancer and batching on the writer itself.
-	w := &kafka.Writer{Addr: kafka.TCP(strings.Split(a.brokers, ",")...), WriteTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second}
-	r, err := ob.Relay(outbox.RelayConfig{Kafka: w, NATS: js, BatchSize: a.relayBatch, PollInterval: a.relayPoll, Logger: a.errLog,
+	natsPub, err := natsinbox.NewOutboxPublisher(js)
+	if err != nil {
+		return err
+	}
+	kafkaPub, closeKafka, err := a.kafkaPublisher()
+	if err != nil {
+		return err
+	}
+	r, err := ob.Relay(outbox.RelayConfig{
+		Publishers: map[outbox.Broker]outbox.Publisher{outbox.Kafka: kafkaPub, outbox.NATS: natsPub},
+		BatchSize:  a.relayBatch, PollInterval: a.relayPoll, Logger: a.errLog,
 		Hooks: outbox.RelayHooks{
 			OnFailed: func(err *outbox.PublishError) {
 				a.report("relay-failed")
@@ -161,13 +207,13 @@ func (a *hopArgs) startRelay(ctx context.Context) error {
 			OnRetry: func(*outbox.PublishError) { a.report("relay-retry") },
 		}})
 	if err != nil {
-		_ = w.Close()
+		closeKafka()
 		return err
 	}
 	a.relays.Add(1)
 	go func() {
 		defer a.relays.Done()
-		defer w.Close()
+		defer closeKafka()
 		a.report("relay-started")
 		if err := r.Run(ctx); err != nil {
 			fmt.Fprintf(os.Stderr, "chaos %s: relay: %v\n", a.name, err)

@@ -41,8 +41,9 @@
 //     retrying with an Idempotency-Key → A (the HTTP bridge, the handler
 //     adds one Kafka message; A runs a relay too) → Kafka → B. A, B and the
 //     relays are child processes, SIGKILLed by -kills, and the relays by
-//     -relay-kills too. The verdict is on B's effects: one per unique
-//     source ID;
+//     -relay-kills too. The relays publish to Kafka with kafka-go, or with
+//     franz-go under -kafka-publisher franz-go. The verdict is on B's
+//     effects: one per unique source ID;
 //   - the ledger layout (-layout buckets): the whole run on the time-bucket
 //     layout (migrations.LayoutTimeBuckets);
 //   - operator actions (-releases, -janitor): permanent failures are
@@ -111,6 +112,7 @@ type options struct {
 	hopWorkers     int           // processes per pipeline role (A and B of each pipeline)
 	relays         int           // outbox relay processes
 	relayKills     int           // SIGKILLs of relay processes at least
+	kafkaPub       string        // the relays' Kafka publisher: kafka-go or franz-go
 }
 
 func main() {
@@ -145,7 +147,12 @@ func main() {
 	flag.IntVar(&o.hopWorkers, "hop-workers", 2, "processes per two-hop role (A and B of each pipeline)")
 	flag.IntVar(&o.relays, "relays", 2, "outbox relay processes (the HTTP pipeline's A processes run one each too)")
 	flag.IntVar(&o.relayKills, "relay-kills", 6, "SIGKILL outbox relay processes at least this many times (on top of -kills)")
+	flag.StringVar(&o.kafkaPub, "kafka-publisher", pubKafkaGo, "the outbox relays' Kafka client: "+pubKafkaGo+" (kafkainbox.NewOutboxPublisher) or "+pubFranzGo+" (franzinbox.NewOutboxPublisher)")
 	flag.Parse()
+	if o.kafkaPub != pubKafkaGo && o.kafkaPub != pubFranzGo {
+		fmt.Fprintf(os.Stderr, "chaos: -kafka-publisher %q: want %s or %s\n", o.kafkaPub, pubKafkaGo, pubFranzGo)
+		os.Exit(2)
+	}
 
 	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer cancel()

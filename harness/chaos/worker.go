@@ -144,6 +144,7 @@ func worker(args []string) int {
 	relay := fs.Bool("relay", false, "run an outbox relay in this process too")
 	relayBatch := fs.Int("relay-batch", 100, "relay batch size")
 	relayPoll := fs.Duration("relay-poll", 200*time.Millisecond, "relay poll interval")
+	kafkaPub := fs.String("kafka-publisher", pubKafkaGo, "the relay's Kafka client: "+pubKafkaGo+" or "+pubFranzGo)
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -160,7 +161,7 @@ func worker(args []string) int {
 	if strings.HasPrefix(*transport, "hop-") || *transport == roleRelay {
 		a := &hopArgs{role: *transport, name: *name, brokers: *brokers, topic: *topic, natsURL: *natsURL,
 			listen: *listen, relay: *relay, batch: *batch, every: *every, slowFor: *slowFor,
-			relayBatch: *relayBatch, relayPoll: *relayPoll, hostileInA: *every > 0,
+			relayBatch: *relayBatch, relayPoll: *relayPoll, kafkaPub: *kafkaPub, hostileInA: *every > 0,
 			ledger: l, pool: pool, report: r.report, pc: pc,
 			errLog: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelError}))}
 		code := hopWorker(ctx, a)

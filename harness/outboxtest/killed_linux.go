@@ -1,6 +1,4 @@
-//go:build linux
-
-package outbox_test
+package outboxtest
 
 import (
 	"bytes"
@@ -11,7 +9,6 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
-	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -19,97 +16,99 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/outbox"
-	"github.com/justonce/justonce/transports/kafkainbox"
 )
 
+// The relay process's environment: which Target, and where.
 const (
-	relayEnv     = "JUSTONCE_OUTBOX_RELAY_CHILD"
-	relayPG      = "JUSTONCE_OUTBOX_RELAY_PG"
-	relaySchema  = "JUSTONCE_OUTBOX_RELAY_SCHEMA"
-	relayBrokers = "JUSTONCE_OUTBOX_RELAY_BROKERS"
-	relayApp     = "JUSTONCE_OUTBOX_RELAY_APP"
+	envRelay  = "JUSTONCE_OUTBOXTEST_RELAY" // the Target's Name
+	envPG     = "JUSTONCE_OUTBOXTEST_PG"
+	envSchema = "JUSTONCE_OUTBOXTEST_SCHEMA"
+	envAddr   = "JUSTONCE_OUTBOXTEST_ADDR"
+	envApp    = "JUSTONCE_OUTBOXTEST_APP"
 )
 
-// The test binary is the relay process TestKilledRelay starts and kills,
-// when the child environment is set (see TestMain).
-func init() {
-	child = func() (int, bool) {
-		if os.Getenv(relayEnv) != "1" {
-			return 0, false
-		}
-		return relayProcess(), true
+// RelayChild makes the test binary the relay process KilledRelay starts
+// for tg: when this process is that relay, it runs the relay over tg's
+// publisher until SIGTERM (or three minutes) and exits; otherwise it
+// returns at once. Call it from an init function of the test package that
+// calls KilledRelay with tg (init runs before TestMain and the tests).
+func RelayChild(tg Target) {
+	if os.Getenv(envRelay) != tg.Name {
+		return
 	}
+	if err := relayProcess(tg); err != nil {
+		fmt.Fprintln(os.Stderr, "relay process:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
 }
 
-// relayProcess runs a relay until SIGTERM (or three minutes).
-func relayProcess() int {
-	fail := func(err error) int {
-		fmt.Fprintln(os.Stderr, "relay process:", err)
-		return 1
-	}
+func relayProcess(tg Target) error {
 	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
 	defer cancel()
 	ctx, cancelTimeout := context.WithTimeout(ctx, 3*time.Minute) // never outlive the test
 	defer cancelTimeout()
-	cfg, err := pgxpool.ParseConfig(os.Getenv(relayPG))
+	cfg, err := pgxpool.ParseConfig(os.Getenv(envPG))
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	cfg.ConnConfig.RuntimeParams["application_name"] = os.Getenv(relayApp)
+	cfg.ConnConfig.RuntimeParams["application_name"] = os.Getenv(envApp)
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return fail(err)
+		return err
 	}
 	defer pool.Close()
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
-	ob, err := outbox.New(pool, outbox.Config{Schema: os.Getenv(relaySchema), Lanes: 8, Logger: log})
+	ob, err := outbox.New(pool, outbox.Config{Schema: os.Getenv(envSchema), Lanes: 8, Logger: log})
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	w := &kafka.Writer{Addr: kafka.TCP(strings.Split(os.Getenv(relayBrokers), ",")...)}
-	defer w.Close()
-	r, err := ob.Relay(outbox.RelayConfig{Kafka: w, BatchSize: 50, Concurrency: 4, PollInterval: 100 * time.Millisecond})
+	p, closeAll, err := tg.Publisher(os.Getenv(envAddr))
 	if err != nil {
-		return fail(err)
+		return err
 	}
-	if err := r.Run(ctx); err != nil {
-		return fail(err)
+	defer closeAll()
+	r, err := ob.Relay(outbox.RelayConfig{Publishers: map[outbox.Broker]outbox.Publisher{tg.Broker: p},
+		BatchSize: 50, Concurrency: 4, PollInterval: 100 * time.Millisecond})
+	if err != nil {
+		return err
 	}
-	return 0
+	return r.Run(ctx)
 }
 
-// A relay process SIGKILLed mid-batch, several times over (its batches
-// acked by Kafka, their deletion not committed): the next relay publishes
-// those batches again, and they are the only duplicates; a kafkainbox
-// consumer downstream runs every message's effect once. 0 lost, and each
-// key's first deliveries stay in order.
-func TestKilledRelay(t *testing.T) {
+// KilledRelay: a relay process (the test binary, see RelayChild) over
+// tg's publisher is SIGKILLed mid-batch three times, each time with
+// batches the broker acked and whose deletion it had not committed. The
+// next relay publishes those batches again, and they are the only
+// repeats; none is lost; each key's first deliveries are in order; and a
+// consumer of tg's front downstream runs every message's effect once,
+// answering the repeats as duplicates.
+func KilledRelay(t *testing.T, tg Target) {
 	t.Parallel()
-	fx := newFixture(t, 8)
-	topic := newTopic(t, fx.brokers, 4)
+	fx := newFixture(t, tg, 8)
+	dest := tg.Destination(t, fx.addr, 4)
 	fx.pg.Exec(t, `CREATE TABLE effects (event_id text NOT NULL, value bytea)`)
 	const keys, perKey = 20, 200
 	const total = keys * perKey
 	for i := range perKey {
 		var msgs []outbox.Message
 		for k := range keys {
-			msgs = append(msgs, outbox.Message{Broker: outbox.Kafka, Topic: topic, Key: []byte("key-" + strconv.Itoa(k)), Value: []byte(strconv.Itoa(i))})
+			key := "key-" + strconv.Itoa(k)
+			msgs = append(msgs, outbox.Message{Broker: tg.Broker, Topic: tg.Topic(dest, key), Key: []byte(key), Value: []byte(strconv.Itoa(i))})
 		}
 		fx.add(t, msgs...)
 	}
-	pending := func() int { return fx.pg.Count(t, `SELECT count(*) FROM outbox WHERE status = 'pending'`) }
 	app := "relay-" + fx.pg.Schema
 	start := func() (*exec.Cmd, *bytes.Buffer) {
 		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), relayEnv+"=1", relayPG+"="+fx.pg.URL, relaySchema+"="+fx.pg.Schema,
-			relayBrokers+"="+strings.Join(fx.brokers, ","), relayApp+"="+app)
+		cmd.Env = append(os.Environ(), envRelay+"="+tg.Name, envPG+"="+fx.pg.URL, envSchema+"="+fx.pg.Schema,
+			envAddr+"="+fx.addr, envApp+"="+app)
 		var out bytes.Buffer
 		cmd.Stdout, cmd.Stderr = &out, &out
 		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
@@ -128,10 +127,10 @@ func TestKilledRelay(t *testing.T) {
 	inFlight := map[string]bool{} // published and not deleted when a relay died
 	const kills = 3
 	for round := range kills {
-		before := pending()
+		before := fx.pending(t)
 		cmd, out := start()
 		target := before - 300
-		testsvc.Eventually(t, 90*time.Second, func() bool { return pending() <= target }, "round %d: progress", round)
+		testsvc.Eventually(t, 90*time.Second, func() bool { return fx.pending(t) <= target }, "round %d: progress", round)
 		// Hold the relay's next deletions: lock every pending row. Its
 		// batches are read and published, their DELETE waits.
 		lockTx, err := fx.pg.Pool.Begin(context.Background())
@@ -146,10 +145,11 @@ func TestKilledRelay(t *testing.T) {
 		require.NoError(t, lockTx.Rollback(context.Background()))
 		logs = append(logs, out.String())
 
-		// What Kafka has that the outbox still holds: the killed batches.
+		// What the broker has that the outbox still holds: the killed
+		// batches.
 		published := map[string]bool{}
-		for _, m := range allMessages(readTopic(t, fx.brokers, topic)) {
-			published[header(m, "ce_id")] = true
+		for _, m := range tg.Read(t, fx.addr, dest) {
+			published[m.ID] = true
 		}
 		rows, err := fx.pg.Pool.Query(context.Background(), `SELECT id FROM outbox`)
 		require.NoError(t, err)
@@ -163,27 +163,26 @@ func TestKilledRelay(t *testing.T) {
 			}
 		}
 		require.Positive(t, n, "round %d: the killed relay had a batch in flight", round)
-		t.Logf("round %d: killed with %d messages published and not deleted, %d pending", round, n, pending())
+		t.Logf("round %d: killed with %d messages published and not deleted, %d pending", round, n, fx.pending(t))
 	}
 	cmd, out := start()
 	fx.waitDrained(t, 120*time.Second)
 	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
 	require.NoError(t, cmd.Wait(), "graceful stop: %s", out)
 
-	// Kafka: every message at least once; the repeats are the killed
+	// The broker: every message at least once; the repeats are the killed
 	// batches'; per key, first deliveries in order.
 	seen := map[string]int{}
 	next := map[string]int{}
-	for _, m := range allMessages(readTopic(t, fx.brokers, topic)) {
-		id := header(m, "ce_id")
-		seen[id]++
-		if seen[id] > 1 {
-			require.True(t, inFlight[id], "%s published twice but was not in a killed batch", id)
+	for _, m := range tg.Read(t, fx.addr, dest) {
+		seen[m.ID]++
+		if seen[m.ID] > 1 {
+			require.True(t, inFlight[m.ID], "%s published twice but was not in a killed batch", m.ID)
 			continue
 		}
 		v, _ := strconv.Atoi(string(m.Value))
-		require.Equal(t, next[string(m.Key)], v, "key %s out of order", m.Key)
-		next[string(m.Key)]++
+		require.Equal(t, next[m.Order], v, "%s out of order", m.Order)
+		next[m.Order]++
 	}
 	require.Len(t, seen, total, "0 lost")
 	dups := 0
@@ -197,18 +196,16 @@ func TestKilledRelay(t *testing.T) {
 	require.NoError(t, err)
 	var mu sync.Mutex
 	outcomes := map[inbox.Disposition]int{}
-	c, err := kafkainbox.New(kafkainbox.Config{
-		Brokers: fx.brokers, Topic: topic, GroupID: "g-" + topic,
-		Processor: consumer.Config{Ledger: ledger, Hooks: consumer.Hooks{OnOutcome: func(_ *consumer.Message, o inbox.Outcome, _ time.Duration) {
+	c := tg.Consumer(t, fx.addr, dest, "g-"+dest, consumer.Config{Ledger: ledger, Hooks: consumer.Hooks{
+		OnOutcome: func(_ *consumer.Message, o inbox.Outcome, _ time.Duration) {
 			mu.Lock()
 			outcomes[o.Disposition]++
 			mu.Unlock()
 		}}},
-	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, value) VALUES ($1, $2)`, m.ID, m.Value)
-		return err
-	})
-	require.NoError(t, err)
+		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			_, err := tx.Exec(ctx, `INSERT INTO effects (event_id, value) VALUES ($1, $2)`, m.ID, m.Value)
+			return err
+		})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- c.Run(ctx) }()
@@ -224,5 +221,5 @@ func TestKilledRelay(t *testing.T) {
 	mu.Lock()
 	require.Equal(t, dups, outcomes[inbox.Duplicate], "the repeats were answered as duplicates")
 	mu.Unlock()
-	t.Logf("%d messages, %d published twice (all from killed batches), 0 lost, 0 effects doubled", total, dups)
+	t.Logf("%s: %d messages, %d published twice (all from killed batches), 0 lost, 0 effects doubled", tg.Name, total, dups)
 }

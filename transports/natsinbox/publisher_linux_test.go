@@ -1,0 +1,13 @@
+package natsinbox_test
+
+import (
+	"testing"
+
+	"github.com/justonce/justonce/harness/outboxtest"
+)
+
+// The test binary is the relay process TestOutboxPublisherKilledRelay
+// starts and kills, when that process's environment says so.
+func init() { outboxtest.RelayChild(jetStream) }
+
+func TestOutboxPublisherKilledRelay(t *testing.T) { outboxtest.KilledRelay(t, jetStream) }
