@@ -116,8 +116,14 @@ func publishOutbox(ctx context.Context, t *testing.T, brokers []string, topic st
 	w := &kafka.Writer{Addr: kafka.TCP(brokers...), Transport: tr, MaxAttempts: 3,
 		WriteBackoffMin: 50 * time.Millisecond, WriteBackoffMax: 500 * time.Millisecond}
 	defer w.Close()
+	pub, err := kafkainbox.NewOutboxPublisher(w)
+	if err != nil {
+		done <- err
+		return
+	}
 	relay, err := ob.Relay(outbox.RelayConfig{
-		Kafka: w, PollInterval: 100 * time.Millisecond, PublishTimeout: 10 * time.Second,
+		Publishers:   map[outbox.Broker]outbox.Publisher{outbox.Kafka: pub},
+		PollInterval: 100 * time.Millisecond, PublishTimeout: 10 * time.Second,
 		Backoff: consumer.Backoff{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond},
 		Hooks: outbox.RelayHooks{
 			OnRetry:  func(*outbox.PublishError) { retries.Add(1) },
