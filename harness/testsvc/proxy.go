@@ -219,7 +219,14 @@ func (pg *PG) PoolVia(t testing.TB, addr string, maxConns int32) *pgxpool.Pool {
 		t.Fatalf("testsvc: %v", err)
 	}
 	u.Host = addr
-	cfg, err := pgxpool.ParseConfig(u.String())
+	return newPool(t, u.String(), maxConns)
+}
+
+// newPool returns a pool on connString with at most maxConns connections,
+// closed when the test ends.
+func newPool(t testing.TB, connString string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		t.Fatalf("testsvc: %v", err)
 	}

@@ -1,11 +1,8 @@
 package testsvc
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -261,45 +258,9 @@ func (c *RedisCluster) WaitState(t testing.TB, timeout time.Duration, want strin
 // ephemeral port range.
 func freePortBlock(t testing.TB) int {
 	t.Helper()
-	lo, hi := 32768, 60999
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(bytes.TrimSpace(b))); len(f) == 2 {
-			l, err1 := strconv.Atoi(f[0])
-			h, err2 := strconv.Atoi(f[1])
-			if err1 == nil && err2 == nil {
-				lo, hi = l, h
-			}
-		}
+	offsets := make([]int, 0, 2*clusterSize)
+	for i := 0; i < clusterSize; i++ {
+		offsets = append(offsets, i, i+10000)
 	}
-	const minPort, maxPort = 20000, 55535 - clusterSize + 1
-	ephemeral := func(p int) bool { return p >= lo && p <= hi }
-	for try := 0; try < 500; try++ {
-		p := minPort + rand.IntN(maxPort-minPort+1)
-		ok := true
-		for i := 0; i < clusterSize && ok; i++ {
-			ok = !ephemeral(p+i) && !ephemeral(p+i+10000)
-		}
-		if !ok {
-			continue
-		}
-		var ls []net.Listener
-		for i := 0; i < clusterSize && ok; i++ {
-			for _, q := range []int{p + i, p + i + 10000} {
-				l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(q))
-				if err != nil {
-					ok = false
-					break
-				}
-				ls = append(ls, l)
-			}
-		}
-		for _, l := range ls {
-			_ = l.Close()
-		}
-		if ok {
-			return p
-		}
-	}
-	t.Fatalf("testsvc: no free block of Redis Cluster ports in %d-%d outside the ephemeral range %d-%d", minPort, maxPort, lo, hi)
-	return 0
+	return lowPortBlock(t, 65535, offsets...)
 }
