@@ -161,6 +161,7 @@ func (f *redisFront) ok() {
 	if !f.down.CompareAndSwap(true, false) {
 		return
 	}
+	f.stats.redisRecoveries.Add(1)
 	f.logMu.Lock()
 	defer f.logMu.Unlock()
 	if f.warned {
