@@ -28,18 +28,50 @@ func migrate(t *testing.T, pool *pgxpool.Pool) {
 	defer cancel()
 	_, err := migrations.New(pool, migrations.Config{}).Up(ctx)
 	require.NoError(t, err)
-	_, err = pool.Exec(ctx, `CREATE TABLE effects (id text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
+	createEffects(t, pool)
+}
+
+// createEffects creates the business table, with no unique constraint.
+func createEffects(t *testing.T, pool *pgxpool.Pool) {
+	t.Helper()
+	_, err := pool.Exec(context.Background(), `CREATE TABLE effects (id text NOT NULL, at timestamptz NOT NULL DEFAULT clock_timestamp())`)
 	require.NoError(t, err)
 }
 
 // effect is the business handler: one row in effects per run, and the
-// runs counted in memory (runs that rolled back count there too).
+// runs counted in memory (runs that rolled back count there too). A key
+// held (hold) waits, after its write, until it is let go.
 func (w *workload) effect(id string) inbox.TxFunc {
 	return func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 		w.runs.Add(1)
 		_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, id)
+		w.mu.Lock()
+		h := w.held[id]
+		w.mu.Unlock()
+		if h != nil {
+			h.running <- struct{}{}
+			select {
+			case <-h.release:
+			case <-time.After(time.Minute):
+			}
+		}
 		return inbox.Result{Code: 200}, err
 	}
+}
+
+// hold makes the next run of id's handler signal running and wait, after
+// its write, until release is closed.
+type hold struct {
+	running chan struct{}
+	release chan struct{}
+}
+
+func (w *workload) hold(id string) *hold {
+	h := &hold{running: make(chan struct{}, 1), release: make(chan struct{})}
+	w.mu.Lock()
+	w.held[id] = h
+	w.mu.Unlock()
+	return h
 }
 
 // workload calls Ledger.Do from several workers, each key delivered by two
@@ -54,7 +86,8 @@ type workload struct {
 	runs, inFlight, transient, commit atomic.Int64
 
 	mu        sync.Mutex
-	kinds     map[string]int               // transient errors by SQLSTATE, or "connection"
+	kinds     map[string]int // transient errors by SQLSTATE, or "connection"
+	held      map[string]*hold
 	acked     map[string]inbox.Disposition // the answer that acknowledged each key
 	successes []span                       // each Do call answered Executed or Duplicate
 	errs      []error
@@ -66,12 +99,13 @@ type span struct {
 }
 
 func newWorkload(l *inbox.Ledger, scope string) *workload {
-	return &workload{ledger: l, scope: scope, acked: map[string]inbox.Disposition{}, kinds: map[string]int{}}
+	return &workload{ledger: l, scope: scope, acked: map[string]inbox.Disposition{}, kinds: map[string]int{}, held: map[string]*hold{}}
 }
 
-// start runs n workers until stop is called; stop waits for them (each
-// finishes the key it holds) and returns the first unexpected error.
-func (w *workload) start(n int) (stop func() error) {
+// start runs n workers until stop is called (or the test ends); stop
+// waits for them (each finishes the key it holds) and returns the first
+// unexpected error.
+func (w *workload) start(t *testing.T, n int) (stop func() error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for range n {
@@ -89,13 +123,15 @@ func (w *workload) start(n int) (stop func() error) {
 			}
 		})
 	}
-	return func() error {
+	stop = sync.OnceValue(func() error {
 		cancel()
 		wg.Wait()
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		return errors.Join(w.errs...)
-	}
+	})
+	t.Cleanup(func() { _ = stop() })
+	return stop
 }
 
 // deliver calls Do for id until it is acknowledged, for at most a minute.

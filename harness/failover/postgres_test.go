@@ -30,13 +30,7 @@ func TestPostgresSyncFailoverLosesAndDoublesNothing(t *testing.T) {
 	l, err := inbox.New(pool, inbox.Config{})
 	require.NoError(t, err)
 	w := newWorkload(l, "sync")
-	stop := w.start(8)
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = stop()
-		}
-	}()
+	stop := w.start(t, 8)
 
 	const failovers = 3
 	var resumes, promotes []time.Duration
@@ -59,7 +53,6 @@ func TestPostgresSyncFailoverLosesAndDoublesNothing(t *testing.T) {
 		require.Equal(t, rs.Port(rs.Primary()), port)
 	}
 	w.waitDone(t, 300, 30*time.Second)
-	stopped = true
 	require.NoError(t, stop())
 	keys := w.requireOnce(t, pool)
 	require.Positive(t, w.inFlight.Load(), "concurrent duplicates met each other")
@@ -226,13 +219,7 @@ func TestPostgresSwitchoverFromAFencedPrimary(t *testing.T) {
 	l, err := inbox.New(pool, inbox.Config{})
 	require.NoError(t, err)
 	w := newWorkload(l, "switchover")
-	stop := w.start(8)
-	stopped := false
-	defer func() {
-		if !stopped {
-			_ = stop()
-		}
-	}()
+	stop := w.start(t, 8)
 	w.waitDone(t, 300, 30*time.Second)
 	old := rs.Primary()
 	fence, err := pgx.Connect(ctx, rs.NodeURL(old))
@@ -249,7 +236,6 @@ func TestPostgresSwitchoverFromAFencedPrimary(t *testing.T) {
 	promoted := time.Since(fenced)
 	resumed := w.waitResumed(t, fenced, 30*time.Second)
 	w.waitDone(t, 300, 30*time.Second)
-	stopped = true
 	require.NoError(t, stop())
 	var port int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT inet_server_port()`).Scan(&port))

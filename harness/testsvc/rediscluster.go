@@ -44,13 +44,7 @@ const clusterSize = 3
 // port + 10000) and outside the ephemeral port range.
 func StartRedisCluster(t testing.TB) *RedisCluster {
 	t.Helper()
-	bin := os.Getenv("JUSTONCE_REDIS_SERVER")
-	if bin == "" {
-		var err error
-		if bin, err = exec.LookPath("redis-server"); err != nil {
-			t.Fatalf("testsvc: redis-server not found: install Debian's redis-server (apt-get install redis-server) or set JUSTONCE_REDIS_SERVER")
-		}
-	}
+	bin := redisServerBin(t)
 	cli := filepath.Join(filepath.Dir(bin), "redis-cli")
 	if _, err := os.Stat(cli); err != nil {
 		if cli, err = exec.LookPath("redis-cli"); err != nil {
@@ -219,8 +213,13 @@ func (c *RedisCluster) State(i int) string {
 	if err != nil {
 		return ""
 	}
+	return infoField(info, "cluster_state")
+}
+
+// infoField returns a field of an INFO reply (field:value lines), or "".
+func infoField(info, field string) string {
 	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cluster_state:"); ok {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
 			return v
 		}
 	}
