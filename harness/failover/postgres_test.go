@@ -22,7 +22,7 @@ import (
 // node rebuilt as the new standby in between). The ledger follows each new
 // primary without a restart; every key answered Executed or Duplicate has
 // exactly one effect on the last primary, none has two, and the time from
-// each kill to the first Do acknowledged after it is logged.
+// each kill to the first commit of a Do started after it is logged.
 func TestPostgresSyncFailoverLosesAndDoublesNothing(t *testing.T) {
 	rs := testsvc.StartPostgresReplicaSet(t, testsvc.PGReplicaSetConfig{Synchronous: true})
 	pool := rs.Pool(t, 16)
@@ -44,7 +44,7 @@ func TestPostgresSyncFailoverLosesAndDoublesNothing(t *testing.T) {
 		resumed := w.waitResumed(t, killed, 30*time.Second)
 		require.Greater(t, w.transient.Load(), before, "the workers felt the failover")
 		rs.RebuildStandby()
-		t.Logf("failover %d: node %d killed, node %d promoted %s after the kill, first Do committed %s after it; node %d rebuilt as its standby %s after it",
+		t.Logf("failover %d: node %d killed, node %d promoted (Promote returned) %s after the kill, first Do started after the kill committed %s after it; node %d rebuilt as its standby %s after it",
 			f+1, old, rs.Primary(), promoted.Round(time.Millisecond), resumed.Round(time.Millisecond), old, time.Since(killed).Round(time.Millisecond))
 		resumes, promotes = append(resumes, resumed), append(promotes, promoted)
 		// The pool now reaches the new primary.
@@ -233,14 +233,18 @@ func TestPostgresSwitchoverFromAFencedPrimary(t *testing.T) {
 	testsvc.Eventually(t, 10*time.Second, func() bool { return w.errorKinds()["25006"] > 0 }, "writes refused on the fenced primary")
 	rs.WaitStandbyCaughtUp()
 	rs.Promote()
-	promoted := time.Since(fenced)
-	resumed := w.waitResumed(t, fenced, 30*time.Second)
+	promotedAt := time.Now()
+	promoted := promotedAt.Sub(fenced)
+	// Sessions of the old primary read the new setting at their next
+	// statement after the reload: the first commits after the fence may
+	// still be its own. Count from the promotion.
+	resumed := w.waitResumed(t, promotedAt, 30*time.Second)
 	w.waitDone(t, 300, 30*time.Second)
 	require.NoError(t, stop())
 	var port int
 	require.NoError(t, pool.QueryRow(ctx, `SELECT inet_server_port()`).Scan(&port))
 	require.Equal(t, rs.Port(rs.Primary()), port)
 	keys := w.requireOnce(t, pool)
-	t.Logf("switchover: node %d fenced, node %d promoted %s after, first Do committed %s after the fence; keys acknowledged=%d transient errors %v",
+	t.Logf("switchover: node %d fenced, node %d promoted (Promote returned) %s after, first Do started after the promotion committed %s after it; keys acknowledged=%d transient errors %v",
 		old, rs.Primary(), promoted.Round(time.Millisecond), resumed.Round(time.Millisecond), keys, w.errorKinds())
 }
