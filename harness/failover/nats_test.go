@@ -313,6 +313,7 @@ func TestNATSNodeCutOff(t *testing.T) {
 	cut, consumerLeader := r.streamLeader(), r.consumerLeader()
 	r.cluster.Cut(cut)
 	cutAt := time.Now()
+	testsvc.Eventually(t, 10*time.Second, func() bool { return r.cluster.Server(cut).NumRoutes() == 0 }, "node %d has no route left", cut)
 	// The node cut off believes it leads until it sees it lost its
 	// quorum: ask the two others.
 	elected := r.waitLeader(cutAt, cut, func() int {

@@ -39,6 +39,7 @@ type natsNode struct {
 	opts        server.Options // what each start of the node copies
 	srv         *server.Server // nil while down
 	proxy       *FaultProxy    // in front of the node's cluster port
+	cutName     []byte         // while cut off: how it names itself to its peers
 	clientPort  int
 	clusterPort int
 }
@@ -153,22 +154,24 @@ func (c *NATSCluster) Cut(i int) {
 	n.proxy.CutAll()
 	// The routes node i opened itself go through the others' proxies: it
 	// names itself by its server ID in the CONNECT it sends first.
-	name := []byte(`"name":"` + srv.ID() + `"`)
+	n.cutName = []byte(`"name":"` + srv.ID() + `"`)
 	for j, m := range c.nodes {
 		if j != i {
-			m.proxy.CutClientsSending(name)
+			m.proxy.CutClientsSending(n.cutName)
 		}
 	}
 }
 
 // Heal lets node i reach the other nodes again, and them reach it.
 func (c *NATSCluster) Heal(i int) {
-	c.nodes[i].proxy.Refuse(false)
+	n := c.nodes[i]
+	n.proxy.Refuse(false)
 	for j, m := range c.nodes {
-		if j != i {
-			m.proxy.AllowClients()
+		if j != i && n.cutName != nil {
+			m.proxy.AllowClientsSending(n.cutName)
 		}
 	}
+	n.cutName = nil
 }
 
 // Kill cuts node i off and shuts it down (see NATSCluster), and waits

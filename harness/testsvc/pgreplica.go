@@ -269,12 +269,7 @@ func (rs *PGReplicaSet) kill(n *pgNode) {
 		return
 	}
 	pid := n.cmd.Process.Pid
-	_ = syscall.Kill(pid, syscall.SIGSTOP)
-	children := childrenOf(pid)
-	for _, c := range children {
-		_ = syscall.Kill(c, syscall.SIGKILL)
-	}
-	_ = syscall.Kill(pid, syscall.SIGKILL)
+	children := killTree(pid)
 	select {
 	case <-n.done:
 	case <-time.After(30 * time.Second):
@@ -292,6 +287,18 @@ func (rs *PGReplicaSet) kill(n *pgNode) {
 		}
 	}
 	n.cmd, n.done = nil, nil
+}
+
+// killTree stops pid, sends SIGKILL to its children and then to it, and
+// returns the children's pids.
+func killTree(pid int) []int {
+	_ = syscall.Kill(pid, syscall.SIGSTOP)
+	children := childrenOf(pid)
+	for _, c := range children {
+		_ = syscall.Kill(c, syscall.SIGKILL)
+	}
+	_ = syscall.Kill(pid, syscall.SIGKILL)
+	return children
 }
 
 // procStat returns the fields of /proc/pid/stat after the command name:
@@ -334,12 +341,7 @@ func childrenOf(ppid int) []int {
 func (rs *PGReplicaSet) stopAll() {
 	for _, n := range rs.nodes {
 		if n != nil && n.cmd != nil {
-			pid := n.cmd.Process.Pid
-			_ = syscall.Kill(pid, syscall.SIGSTOP)
-			for _, c := range childrenOf(pid) {
-				_ = syscall.Kill(c, syscall.SIGKILL)
-			}
-			_ = syscall.Kill(pid, syscall.SIGKILL)
+			killTree(n.cmd.Process.Pid)
 		}
 	}
 	for _, n := range rs.nodes {

@@ -102,7 +102,8 @@ type proxied struct{ client, server net.Conn }
 // CutClientsSending cuts every open connection whose client sent pattern
 // within its first 8 KiB (say, the name a server gives itself when it
 // connects to a peer), and from now on every new one whose client sends
-// it, until AllowClients. Connections of other clients go on.
+// it, until AllowClientsSending(pattern). Connections of other clients go
+// on.
 func (p *FaultProxy) CutClientsSending(pattern []byte) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -115,11 +116,18 @@ func (p *FaultProxy) CutClientsSending(pattern []byte) {
 	}
 }
 
-// AllowClients lifts every CutClientsSending.
-func (p *FaultProxy) AllowClients() {
+// AllowClientsSending lifts CutClientsSending(pattern): new connections
+// of clients that send it are forwarded again.
+func (p *FaultProxy) AllowClientsSending(pattern []byte) {
 	p.mu.Lock()
-	p.blocked = nil
-	p.mu.Unlock()
+	defer p.mu.Unlock()
+	kept := p.blocked[:0]
+	for _, b := range p.blocked {
+		if !bytes.Equal(b, pattern) {
+			kept = append(kept, b)
+		}
+	}
+	p.blocked = kept
 }
 
 // Close stops the proxy and cuts its connections.
