@@ -36,6 +36,15 @@ lint:
 	cd integrations && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 	cd bench/peers && $(GO) vet ./... && $(GO) run honnef.co/go/tools/cmd/staticcheck@$(STATICCHECK_VERSION) ./...
 
+# failover: the failover proofs alone, verbose, so that the time each failover
+# took to resume is printed (they also run in `make test`): Postgres with a
+# streaming standby promoted (synchronous and asynchronous), Redis behind
+# Sentinel, a three-node NATS JetStream cluster; each test starts its own
+# servers on loopback (Postgres and Redis binaries as for services-up).
+.PHONY: failover
+failover: services-up
+	$(GO) test -race -count=1 -v -timeout 15m ./harness/failover
+
 # bench: every benchmark, each sizing its own work and measuring its baseline
 # interleaved with it in the same run; prints the ratios (about 10 minutes).
 # JUSTONCE_BENCH_SMALL=1: a few short rounds of each (CI); JUSTONCE_BENCH_SCALE=1:

@@ -233,7 +233,9 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 	if err != nil {
 		return Outcome{}, storeErr("acquire", err)
 	}
-	defer pc.Release() // a connection left inside a transaction is destroyed, not reused
+	// A connection left inside a transaction is destroyed, not reused;
+	// one on a server that refused a write as read-only is closed.
+	defer func() { releaseConn(pc, err) }()
 	conn := pc.Conn()
 	if err := l.store.detect(ctx, conn); err != nil { // the layout, at first use
 		return Outcome{}, storeErr("claim", err)
@@ -658,7 +660,8 @@ func (l *Ledger) DoBatch(ctx context.Context, reqs []Request, fn BatchFunc) ([]O
 	if err != nil {
 		return nil, storeErr("acquire", err)
 	}
-	defer pc.Release()
+	var failed error
+	defer func() { releaseConn(pc, failed) }()
 	conn := pc.Conn()
 	if err := l.store.detect(ctx, conn); err != nil { // the layout, at first use
 		return nil, storeErr("claim", err)
@@ -675,6 +678,7 @@ func (l *Ledger) DoBatch(ctx context.Context, reqs []Request, fn BatchFunc) ([]O
 			break
 		}
 		if !conflict || attempt == maxConflictRetries {
+			failed = err
 			return nil, err
 		}
 	}

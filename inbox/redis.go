@@ -21,8 +21,8 @@ import (
 // Postgres connection, and a replay cache, so a duplicate is answered in one
 // Redis round trip. Postgres stays the arbiter: when Redis is down, slow or
 // failing, every call goes on through Postgres alone (counted in
-// Counters.RedisFallbacks and logged once per episode). Dedupe is never
-// skipped.
+// Counters.RedisFallbacks and logged once per episode; the episode's end
+// is counted in Counters.RedisRecoveries). Dedupe is never skipped.
 //
 // A cached entry goes a second before its row expires (a tenth of the TTL
 // when that is shorter; the row's expiry is on the database's clock, the
@@ -43,7 +43,11 @@ import (
 //
 // Tested on a real Redis Cluster of three masters: keys spread over every
 // master, and with one master killed mid-run and restarted, calls went on
-// through Postgres and no effect was doubled or lost.
+// through Postgres and no effect was doubled or lost. Tested behind
+// Sentinel too (a failover client): with the master killed while handlers
+// held keys whose locks the promoted replica had never received, their
+// duplicates took the lock on the new master and Postgres turned them
+// away.
 type RedisConfig struct {
 	// Client is a single node, Sentinel or Cluster client. Set its
 	// ContextTimeoutEnabled option so that Timeout bounds socket reads.
@@ -161,6 +165,7 @@ func (f *redisFront) ok() {
 	if !f.down.CompareAndSwap(true, false) {
 		return
 	}
+	f.stats.redisRecoveries.Add(1)
 	f.logMu.Lock()
 	defer f.logMu.Unlock()
 	if f.warned {

@@ -166,7 +166,7 @@ func (r *eachRun) over() bool {
 }
 
 // run claims and runs the requests on one connection.
-func (r *eachRun) run(ctx context.Context) (EachRun, error) {
+func (r *eachRun) run(ctx context.Context) (run EachRun, err error) {
 	l := r.l
 	outs := make([]Outcome, 0, len(r.reqs))
 	results := make([]Result, len(r.reqs))
@@ -181,10 +181,10 @@ func (r *eachRun) run(ctx context.Context) (EachRun, error) {
 	// they come; the connection is taken at the first claim.
 	var conn *pgx.Conn
 	var tx *ownedTx // one for the run: its nested savepoints are numbered across handlers
-	var release func()
+	var release func(...error)
 	defer func() {
 		if release != nil {
-			release()
+			release(err, run.Failed)
 		}
 	}()
 	inTx := false
@@ -223,7 +223,10 @@ func (r *eachRun) run(ctx context.Context) (EachRun, error) {
 			if err != nil {
 				return EachRun{}, storeErr("acquire", err)
 			}
-			release = pc.Release // a connection left inside a transaction is destroyed, not reused
+			// A connection left inside a transaction is destroyed, not
+			// reused; one on a server that refused a write as read-only
+			// is closed.
+			release = func(errs ...error) { releaseConn(pc, errs...) }
 			conn = pc.Conn()
 			tx = &ownedTx{conn: conn}
 			if err := l.store.detect(ctx, conn); err != nil {

@@ -12,11 +12,15 @@ type Counters struct {
 	Mismatches     uint64 // same key, other fingerprint
 	Errors         uint64 // calls that returned an error (handler or store)
 	RedisFallbacks uint64 // Redis calls that failed or timed out; Postgres carried on alone
-	LeasesLost     uint64 // leases found taken over or released when renewing or completing
+	// RedisRecoveries counts the ends of fallback episodes: a Redis call
+	// answered after one or more had failed (after a Sentinel failover,
+	// the first call the new master answers): the fast path is back.
+	RedisRecoveries uint64
+	LeasesLost      uint64 // leases found taken over or released when renewing or completing
 }
 
 type counters struct {
-	executed, duplicates, cacheHits, inFlight, mismatches, errors, redisFallbacks, leasesLost atomic.Uint64
+	executed, duplicates, cacheHits, inFlight, mismatches, errors, redisFallbacks, redisRecoveries, leasesLost atomic.Uint64
 }
 
 // Counters returns a snapshot of the running totals.
@@ -25,7 +29,7 @@ func (l *Ledger) Counters() Counters {
 	return Counters{
 		Executed: c.executed.Load(), Duplicates: c.duplicates.Load(), CacheHits: c.cacheHits.Load(),
 		InFlight: c.inFlight.Load(), Mismatches: c.mismatches.Load(), Errors: c.errors.Load(),
-		RedisFallbacks: c.redisFallbacks.Load(), LeasesLost: c.leasesLost.Load(),
+		RedisFallbacks: c.redisFallbacks.Load(), RedisRecoveries: c.redisRecoveries.Load(), LeasesLost: c.leasesLost.Load(),
 	}
 }
 

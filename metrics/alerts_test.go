@@ -71,7 +71,7 @@ func exportedNames(t *testing.T) map[string]bool {
 	ch := make(chan *prometheus.Desc, 64)
 	metrics.NewConsumerCollector(metrics.ConsumerConfig{}).Describe(ch)
 	// Describing needs no ledger.
-	metrics.NewLedgerCollector(nil, metrics.LedgerConfig{}).Describe(ch)
+	metrics.NewLedgerCollector(nil, metrics.LedgerConfig{Replication: true}).Describe(ch)
 	metrics.NewOutboxCollector(nil, metrics.OutboxConfig{}).Describe(ch)
 	close(ch)
 	fq := regexp.MustCompile(`fqName: "([^"]+)"`)
@@ -81,6 +81,6 @@ func exportedNames(t *testing.T) map[string]bool {
 		require.NotNil(t, m, d.String())
 		names[m[1]] = true
 	}
-	require.Len(t, names, 17)
+	require.Len(t, names, 22)
 	return names
 }

@@ -19,6 +19,8 @@
 //	justonce_ledger_cache_replays_total                 duplicates answered from the Redis replay cache
 //	justonce_ledger_redis_fallbacks_total               Redis calls that failed or timed out;
 //	                                                    Postgres carried on alone
+//	justonce_ledger_redis_recoveries_total              Redis calls answered after others had failed:
+//	                                                    the end of a fallback episode
 //	justonce_ledger_leases_lost_total                   leases found taken over or released
 //
 // and, queried from Postgres at each scrape (inbox.Ledger.Stats, bounded by
@@ -29,6 +31,16 @@
 //	                                                    processing rows ran out; negative while it
 //	                                                    still runs; absent when nothing is processing
 //	justonce_ledger_stats_up                            1 when the last query answered, else 0
+//
+// and, with LedgerConfig.Replication, the replication of the ledger's
+// database (inbox.Ledger.CheckReplication), for deployments where a
+// failover promotes a standby:
+//
+//	justonce_ledger_commit_durable                      1 when commits are acknowledged only once a
+//	                                                    synchronous standby has them, else 0
+//	justonce_ledger_standbys                            standbys streaming from the database
+//	justonce_ledger_sync_standbys                       standbys it waits for at each commit now
+//	justonce_ledger_replication_up                      1 when the last query answered, else 0
 //
 // Consumers (ConsumerCollector, through consumer.Hooks):
 //
@@ -61,8 +73,8 @@
 //
 // alerts.yml in this directory has example Prometheus alert rules built on
 // these metrics: stuck leases, in-flight (conflict) rate, fingerprint
-// mismatches, Redis fallback, dead letters, outbox backlog, failed outbox
-// messages.
+// mismatches, Redis fallback, commits not replicated to a standby, dead
+// letters, outbox backlog, failed outbox messages.
 //
 // Tracing is in package tracing.
 package metrics

@@ -52,6 +52,7 @@ func ExampleNewLedgerCollector() {
 	// justonce_ledger_calls_total
 	// justonce_ledger_cache_replays_total
 	// justonce_ledger_redis_fallbacks_total
+	// justonce_ledger_redis_recoveries_total
 	// justonce_ledger_leases_lost_total
 	// justonce_ledger_rows
 	// justonce_ledger_oldest_lease_overdue_seconds

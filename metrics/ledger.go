@@ -2,6 +2,7 @@ package metrics
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"time"
 
@@ -29,6 +30,13 @@ type LedgerConfig struct {
 	// DisableStats exports the counters only and never queries the table,
 	// for example on all instances but one.
 	DisableStats bool
+	// Replication also asks the database at each scrape, within
+	// StatsTimeout, whether the ledger's commits are on a standby before
+	// they are acknowledged (inbox.Ledger.CheckReplication), and exports
+	// justonce_ledger_commit_durable, justonce_ledger_standbys,
+	// justonce_ledger_sync_standbys and justonce_ledger_replication_up.
+	// Set it where a failover promotes a standby. Default false.
+	Replication bool
 }
 
 // LedgerCollector is a prometheus.Collector for an *inbox.Ledger: its
@@ -38,8 +46,9 @@ type LedgerCollector struct {
 	ledger *inbox.Ledger
 	cfg    LedgerConfig
 
-	calls, cacheReplays, redisFallbacks, leasesLost *prometheus.Desc
-	rows, leaseOverdue, statsUp                     *prometheus.Desc
+	calls, cacheReplays, redisFallbacks, redisRecoveries, leasesLost *prometheus.Desc
+	rows, leaseOverdue, statsUp                                      *prometheus.Desc
+	durable, standbys, syncStandbys, replicationUp                   *prometheus.Desc
 
 	mu     sync.Mutex // one query at a time; guards the cache
 	last   []inbox.ScopeStats
@@ -61,6 +70,8 @@ func NewLedgerCollector(l *inbox.Ledger, cfg LedgerConfig) *LedgerCollector {
 			"Duplicates answered from the Redis replay cache without asking Postgres.", nil, nil),
 		redisFallbacks: prometheus.NewDesc("justonce_ledger_redis_fallbacks_total",
 			"Redis calls that failed or timed out; Postgres carried on alone.", nil, nil),
+		redisRecoveries: prometheus.NewDesc("justonce_ledger_redis_recoveries_total",
+			"Redis calls answered after one or more had failed: the end of a fallback episode, when the fast path is back (after a Sentinel failover, once the new master answers).", nil, nil),
 		leasesLost: prometheus.NewDesc("justonce_ledger_leases_lost_total",
 			"Leases found taken over or released when renewing or completing them.", nil, nil),
 		rows: prometheus.NewDesc("justonce_ledger_rows",
@@ -71,12 +82,20 @@ func NewLedgerCollector(l *inbox.Ledger, cfg LedgerConfig) *LedgerCollector {
 			[]string{"scope"}, nil),
 		statsUp: prometheus.NewDesc("justonce_ledger_stats_up",
 			"1 when the last query of the ledger's rows answered in time, else 0.", nil, nil),
+		durable: prometheus.NewDesc("justonce_ledger_commit_durable",
+			"1 when the database acknowledges the ledger's commits only once a synchronous standby has them (a failover to it loses none), 0 when it acknowledges them before any standby has them (synchronous_commit local or off, synchronous_standby_names empty, or the server is a standby).", nil, nil),
+		standbys: prometheus.NewDesc("justonce_ledger_standbys",
+			"Standbys streaming from the ledger's database (pg_stat_replication).", nil, nil),
+		syncStandbys: prometheus.NewDesc("justonce_ledger_sync_standbys",
+			"Standbys the ledger's database waits for at each commit now; absent when the ledger's role may not read it (grant pg_read_all_stats).", nil, nil),
+		replicationUp: prometheus.NewDesc("justonce_ledger_replication_up",
+			"1 when the last replication query answered in time, else 0.", nil, nil),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *LedgerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.calls, c.cacheReplays, c.redisFallbacks, c.leasesLost} {
+	for _, d := range []*prometheus.Desc{c.calls, c.cacheReplays, c.redisFallbacks, c.redisRecoveries, c.leasesLost} {
 		ch <- d
 	}
 	if !c.cfg.DisableStats {
@@ -84,10 +103,17 @@ func (c *LedgerCollector) Describe(ch chan<- *prometheus.Desc) {
 		ch <- c.leaseOverdue
 		ch <- c.statsUp
 	}
+	if c.cfg.Replication {
+		ch <- c.durable
+		ch <- c.standbys
+		ch <- c.syncStandbys
+		ch <- c.replicationUp
+	}
 }
 
 // Collect implements prometheus.Collector. It queries the ledger's rows
-// (unless DisableStats), for at most StatsTimeout.
+// (unless DisableStats) and its database's replication (with
+// Replication), each for at most StatsTimeout.
 func (c *LedgerCollector) Collect(ch chan<- prometheus.Metric) {
 	n := c.ledger.Counters()
 	counter := func(d *prometheus.Desc, v uint64, labels ...string) {
@@ -100,7 +126,11 @@ func (c *LedgerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.calls, n.Errors, "error")
 	counter(c.cacheReplays, n.CacheHits)
 	counter(c.redisFallbacks, n.RedisFallbacks)
+	counter(c.redisRecoveries, n.RedisRecoveries)
 	counter(c.leasesLost, n.LeasesLost)
+	if c.cfg.Replication {
+		c.collectReplication(ch)
+	}
 	if c.cfg.DisableStats {
 		return
 	}
@@ -137,4 +167,29 @@ func (c *LedgerCollector) stats() ([]inbox.ScopeStats, time.Time, error) {
 	}
 	c.last, c.lastAt = st, time.Now()
 	return st, c.lastAt, nil
+}
+
+// collectReplication exports what the ledger's database says about its
+// standbys.
+func (c *LedgerCollector) collectReplication(ch chan<- prometheus.Metric) {
+	gauge := func(d *prometheus.Desc, v float64) {
+		ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), c.cfg.StatsTimeout)
+	defer cancel()
+	r, err := c.ledger.CheckReplication(ctx)
+	if err != nil && !errors.Is(err, inbox.ErrNotReplicated) {
+		gauge(c.replicationUp, 0)
+		return
+	}
+	gauge(c.replicationUp, 1)
+	durable := 0.0
+	if r.Durable() {
+		durable = 1
+	}
+	gauge(c.durable, durable)
+	gauge(c.standbys, float64(r.Standbys))
+	if r.SyncStandbys >= 0 {
+		gauge(c.syncStandbys, float64(r.SyncStandbys))
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"strconv"
@@ -66,13 +65,7 @@ type RedisProcess struct {
 // persistence. It is stopped when the test ends.
 func StartRedis(t testing.TB) *RedisProcess {
 	t.Helper()
-	bin := os.Getenv("JUSTONCE_REDIS_SERVER")
-	if bin == "" {
-		var err error
-		if bin, err = exec.LookPath("redis-server"); err != nil {
-			t.Fatalf("testsvc: redis-server not found: install Debian's redis-server (apt-get install redis-server) or set JUSTONCE_REDIS_SERVER")
-		}
-	}
+	bin := redisServerBin(t)
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

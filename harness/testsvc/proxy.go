@@ -23,6 +23,8 @@ type FaultProxy struct {
 
 	mu        sync.Mutex
 	conns     map[net.Conn]struct{}
+	heads     map[*proxied][]byte // what each client sent first (up to headSize)
+	blocked   [][]byte            // CutClientsSending's patterns
 	refuse    bool
 	cutOn     []byte
 	cutDone   chan struct{}
@@ -40,7 +42,7 @@ func Proxy(t testing.TB, target string) *FaultProxy {
 	if err != nil {
 		t.Fatalf("testsvc: proxy: %v", err)
 	}
-	p := &FaultProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}}
+	p := &FaultProxy{ln: ln, target: target, conns: map[net.Conn]struct{}{}, heads: map[*proxied][]byte{}}
 	go p.accept()
 	t.Cleanup(p.Close)
 	return p
@@ -88,6 +90,44 @@ func (p *FaultProxy) StallWhenClientSends(pattern []byte, d time.Duration) <-cha
 	p.stallOn, p.stallFor = append([]byte(nil), pattern...), d
 	p.stallDone = make(chan struct{})
 	return p.stallDone
+}
+
+// headSize bounds what the proxy keeps of each client's first bytes, for
+// CutClientsSending.
+const headSize = 8 << 10
+
+// proxied is one client's connection and the proxy's to the server.
+type proxied struct{ client, server net.Conn }
+
+// CutClientsSending cuts every open connection whose client sent pattern
+// within its first 8 KiB (say, the name a server gives itself when it
+// connects to a peer), and from now on every new one whose client sends
+// it, until AllowClientsSending(pattern). Connections of other clients go
+// on.
+func (p *FaultProxy) CutClientsSending(pattern []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.blocked = append(p.blocked, append([]byte(nil), pattern...))
+	for c, head := range p.heads {
+		if bytes.Contains(head, pattern) {
+			_ = c.client.Close()
+			_ = c.server.Close()
+		}
+	}
+}
+
+// AllowClientsSending lifts CutClientsSending(pattern): new connections
+// of clients that send it are forwarded again.
+func (p *FaultProxy) AllowClientsSending(pattern []byte) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	kept := p.blocked[:0]
+	for _, b := range p.blocked {
+		if !bytes.Equal(b, pattern) {
+			kept = append(kept, b)
+		}
+	}
+	p.blocked = kept
 }
 
 // Close stops the proxy and cuts its connections.
@@ -139,22 +179,41 @@ func (p *FaultProxy) serve(client net.Conn) {
 		return
 	}
 	p.track(client, server)
+	c := &proxied{client, server}
+	p.mu.Lock()
+	p.heads[c] = nil
+	p.mu.Unlock()
 	defer func() {
 		_ = client.Close()
 		_ = server.Close()
 		p.untrack(client, server)
+		p.mu.Lock()
+		delete(p.heads, c)
+		p.mu.Unlock()
 	}()
 	done := make(chan struct{}, 2)
-	go func() { p.fromClient(client, server); done <- struct{}{} }()
+	go func() { p.fromClient(c); done <- struct{}{} }()
 	go func() { p.fromServer(client, server); done <- struct{}{} }()
 	<-done
 }
 
 // fromClient copies client -> server; the armed stall holds the chunk
-// that carries its pattern, and what follows, for its time.
-func (p *FaultProxy) fromClient(client, server net.Conn) {
-	pipe(client, server, func(chunk []byte) bool {
+// that carries its pattern, and what follows, for its time; a client that
+// sends a pattern CutClientsSending names is cut.
+func (p *FaultProxy) fromClient(c *proxied) {
+	pipe(c.client, c.server, func(chunk []byte) bool {
 		p.mu.Lock()
+		head := p.heads[c]
+		if len(head) < headSize {
+			head = append(head, chunk[:min(len(chunk), headSize-len(head))]...)
+			p.heads[c] = head
+		}
+		for _, b := range p.blocked {
+			if bytes.Contains(head, b) {
+				p.mu.Unlock()
+				return false // pipe's caller closes both
+			}
+		}
 		stall := p.stallOn != nil && bytes.Contains(chunk, p.stallOn)
 		var began chan struct{}
 		var d time.Duration
@@ -219,7 +278,14 @@ func (pg *PG) PoolVia(t testing.TB, addr string, maxConns int32) *pgxpool.Pool {
 		t.Fatalf("testsvc: %v", err)
 	}
 	u.Host = addr
-	cfg, err := pgxpool.ParseConfig(u.String())
+	return newPool(t, u.String(), maxConns)
+}
+
+// newPool returns a pool on connString with at most maxConns connections,
+// closed when the test ends.
+func newPool(t testing.TB, connString string, maxConns int32) *pgxpool.Pool {
+	t.Helper()
+	cfg, err := pgxpool.ParseConfig(connString)
 	if err != nil {
 		t.Fatalf("testsvc: %v", err)
 	}

@@ -1,11 +1,8 @@
 package testsvc
 
 import (
-	"bytes"
 	"context"
 	"fmt"
-	"math/rand/v2"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -47,13 +44,7 @@ const clusterSize = 3
 // port + 10000) and outside the ephemeral port range.
 func StartRedisCluster(t testing.TB) *RedisCluster {
 	t.Helper()
-	bin := os.Getenv("JUSTONCE_REDIS_SERVER")
-	if bin == "" {
-		var err error
-		if bin, err = exec.LookPath("redis-server"); err != nil {
-			t.Fatalf("testsvc: redis-server not found: install Debian's redis-server (apt-get install redis-server) or set JUSTONCE_REDIS_SERVER")
-		}
-	}
+	bin := redisServerBin(t)
 	cli := filepath.Join(filepath.Dir(bin), "redis-cli")
 	if _, err := os.Stat(cli); err != nil {
 		if cli, err = exec.LookPath("redis-cli"); err != nil {
@@ -222,8 +213,13 @@ func (c *RedisCluster) State(i int) string {
 	if err != nil {
 		return ""
 	}
+	return infoField(info, "cluster_state")
+}
+
+// infoField returns a field of an INFO reply (field:value lines), or "".
+func infoField(info, field string) string {
 	for _, line := range strings.Split(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), "cluster_state:"); ok {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), field+":"); ok {
 			return v
 		}
 	}
@@ -261,45 +257,9 @@ func (c *RedisCluster) WaitState(t testing.TB, timeout time.Duration, want strin
 // ephemeral port range.
 func freePortBlock(t testing.TB) int {
 	t.Helper()
-	lo, hi := 32768, 60999
-	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
-		if f := strings.Fields(string(bytes.TrimSpace(b))); len(f) == 2 {
-			l, err1 := strconv.Atoi(f[0])
-			h, err2 := strconv.Atoi(f[1])
-			if err1 == nil && err2 == nil {
-				lo, hi = l, h
-			}
-		}
+	offsets := make([]int, 0, 2*clusterSize)
+	for i := 0; i < clusterSize; i++ {
+		offsets = append(offsets, i, i+10000)
 	}
-	const minPort, maxPort = 20000, 55535 - clusterSize + 1
-	ephemeral := func(p int) bool { return p >= lo && p <= hi }
-	for try := 0; try < 500; try++ {
-		p := minPort + rand.IntN(maxPort-minPort+1)
-		ok := true
-		for i := 0; i < clusterSize && ok; i++ {
-			ok = !ephemeral(p+i) && !ephemeral(p+i+10000)
-		}
-		if !ok {
-			continue
-		}
-		var ls []net.Listener
-		for i := 0; i < clusterSize && ok; i++ {
-			for _, q := range []int{p + i, p + i + 10000} {
-				l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(q))
-				if err != nil {
-					ok = false
-					break
-				}
-				ls = append(ls, l)
-			}
-		}
-		for _, l := range ls {
-			_ = l.Close()
-		}
-		if ok {
-			return p
-		}
-	}
-	t.Fatalf("testsvc: no free block of Redis Cluster ports in %d-%d outside the ephemeral range %d-%d", minPort, maxPort, lo, hi)
-	return 0
+	return lowPortBlock(t, 65535, offsets...)
 }
