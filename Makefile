@@ -40,9 +40,11 @@ lint:
 # interleaved with it in the same run; prints the ratios (about 10 minutes).
 # JUSTONCE_BENCH_SMALL=1: a few short rounds of each (CI); JUSTONCE_BENCH_SCALE=1:
 # the 10-million-row sizes, the simulated retention week and the claims in steady
-# retention. See scripts/bench.sh.
+# retention; BENCH_ROUNDS=3: the whole set three times, each value's median and
+# range. Writes docs/results/bench.md (bench-scale.md at scale; bench-draft.md,
+# not for the docs, for the small sizes or a subset). See scripts/bench.sh.
 bench: services-up
-	bash scripts/bench.sh
+	BENCH_COMMAND='make bench' bash scripts/bench.sh
 
 demo: services-up
 	set -a && . ./.services.env && set +a && $(GO) run ./examples/payments
@@ -98,7 +100,9 @@ chaos-buckets: services-up
 # same Kafka, Postgres and handler: events/s and the ratio against justonce in
 # the same run, then one SIGKILL of each consumer mid-stream: effects lost and
 # doubled. PEERS_EVENTS (default 20000; CI: 2000), PEERS_PARTITIONS (4),
-# PEERS_ROUNDS (1). The peers live in their own module, bench/peers.
+# PEERS_ROUNDS (1). Writes docs/results/peers.md (peers-draft.md, not for the
+# docs, below the default events or for a subset of the peers). The peers live
+# in their own module, bench/peers.
 .PHONY: bench-peers
 bench-peers: services-up
-	cd bench/peers && $(GO) run .
+	cd bench/peers && BENCH_COMMAND='make bench-peers' $(GO) run .
