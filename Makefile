@@ -94,6 +94,17 @@ chaos-buckets: services-up
 		-pg-terminates 2 -pg-crashes 1 -kafka-crashes 1 -nats-restarts 1 -net-faults 2 -releases 1 \
 		-hostile-every 100 -http-keys 300 -two-hop 1000 -two-hop-http-keys 200 -relay-kills 2 -timeout 6m
 
+# fresh-machine: the README's `make demo` (then a short go test -race against the
+# services it started; FRESH_TEST='make test' for the whole suite) on a bare
+# Debian 12 root filesystem with only Go and make, under chroot in its own
+# namespaces, services on ports that do not clash with services-up's. Needs root
+# (sudo) and the network to Debian's, Maven's and Go's registries; about 15
+# minutes the first time. Not run by CI (too long for its budget). See
+# scripts/fresh-machine.sh.
+.PHONY: fresh-machine
+fresh-machine:
+	bash scripts/fresh-machine.sh
+
 # bench-peers: justonce's Kafka consumer (defaults) beside what a user would use
 # instead (a hand-written inbox table, Watermill's Kafka subscriber and its
 # transactional SQL subscriber, both with the Deduplicator middleware), on the
