@@ -59,9 +59,10 @@ REDIS_PORT=${JUSTONCE_REDIS_PORT:-46379}
 KAFKA_PORT=${JUSTONCE_KAFKA_PORT:-49092}
 KAFKA_CONTROLLER_PORT=${JUSTONCE_KAFKA_CONTROLLER_PORT:-49093}
 FRESH_TEST=${FRESH_TEST:-go test -race -count=1 -timeout 10m -run 'TestTenThousandWithDuplicates|TestKilledConsumerLosesAndDoublesNothing' ./transports/kafkainbox}
-# The base root: minbase and make. Its name changes with what goes in it.
+# The base root: minbase and make. Its name changes with this script and
+# the helpers that build it.
 INCLUDE=make
-BASE_HASH=$(printf '%s\n' "bookworm minbase $INCLUDE" | cat - "$LIB" | sha256sum | cut -c1-12)
+BASE_HASH=$(cat "$SELF" "$LIB" | sha256sum | cut -c1-12)
 BASE=$CACHE/images/fresh-bookworm-$BASE_HASH.tar
 
 T0=$SECONDS
@@ -96,8 +97,9 @@ if [[ ! -s $BASE ]]; then
   BUILDING=$(mktemp -d /tmp/justonce-fresh-base.XXXXXX)
   trap remove_building EXIT
   debootstrap_rootfs "$BUILDING" "$INCLUDE"
-  # What a fresh machine has not fetched yet: package lists and archives.
-  rm -rf "$BUILDING"/var/cache/apt/archives/*.deb "$BUILDING"/var/lib/apt/lists/*
+  # What a fresh machine has not fetched yet: package lists and archives
+  # (their partial/ folders stay, owned by apt's sandbox user).
+  find "$BUILDING"/var/cache/apt/archives "$BUILDING"/var/lib/apt/lists -maxdepth 1 -type f ! -name lock -delete
   tar -C "$BUILDING" --numeric-owner --one-file-system -cf "$BASE.tmp" .
   mv "$BASE.tmp" "$BASE"
   remove_building
