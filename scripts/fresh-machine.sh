@@ -13,7 +13,8 @@
 # (unshare): whatever it mounts or leaves running ends with it. It shares the
 # host's network: its services listen on the host's loopback, on ports that
 # differ from scripts/services.sh's defaults (the shared services), and apt,
-# Maven and the Go module proxy are reached as on a real machine. Go modules
+# Maven and the Go module proxy are reached as on a real machine (with the
+# host's apt sources and settings, DNS and local CA certificates). Go modules
 # come through this machine's module download cache first (read-only, as a
 # file:// proxy), then its GOPROXY; go.sum checks them as usual.
 #
@@ -100,6 +101,7 @@ if [[ ! -s $BASE ]]; then
   # What a fresh machine has not fetched yet: package lists and archives
   # (their partial/ folders stay, owned by apt's sandbox user).
   find "$BUILDING"/var/cache/apt/archives "$BUILDING"/var/lib/apt/lists -maxdepth 1 -type f ! -name lock -delete
+  chmod 755 "$BUILDING" # mktemp's 0700 would become the root's /, closed to apt's and Postgres's users
   tar -C "$BUILDING" --numeric-owner --one-file-system -cf "$BASE.tmp" .
   mv "$BASE.tmp" "$BASE"
   remove_building
@@ -131,6 +133,7 @@ cleanup() {
 trap cleanup EXIT
 mkdir -p "$ROOT"
 tar -C "$ROOT" --numeric-owner -xf "$BASE"
+chmod 755 "$ROOT"
 # The machine's own apt sources and network settings (mirror, proxy,
 # validity checks), as a Debian 12 machine of this kind has them.
 rm -f "$ROOT"/etc/apt/sources.list
@@ -139,6 +142,14 @@ cp -a /etc/apt/sources.list.d/. "$ROOT"/etc/apt/sources.list.d/ 2>/dev/null || t
 for f in /etc/apt/apt.conf.d/*; do
   grep -qE '^[[:space:]]*Acquire' "$f" 2>/dev/null && cp "$f" "$ROOT"/etc/apt/apt.conf.d/
 done
+# The machine's own certificate authorities (/usr/local/share/ca-certificates),
+# as a machine of this kind has them: where a proxy inspects TLS, Maven and Go
+# need its CA. Debian's ca-certificates (deps.sh installs it) adds them to the
+# system's and Java's trust stores.
+if compgen -G '/usr/local/share/ca-certificates/*' >/dev/null; then
+  mkdir -p "$ROOT"/usr/local/share/ca-certificates
+  cp -a /usr/local/share/ca-certificates/. "$ROOT"/usr/local/share/ca-certificates/
+fi
 cp /etc/resolv.conf "$ROOT"/etc/resolv.conf
 printf '127.0.0.1\tlocalhost\n::1\tlocalhost ip6-localhost ip6-loopback\n' >"$ROOT"/etc/hosts
 # Packages start no daemon here (as in a container): the services are
