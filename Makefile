@@ -49,9 +49,11 @@ failover: services-up
 # interleaved with it in the same run; prints the ratios (about 10 minutes).
 # JUSTONCE_BENCH_SMALL=1: a few short rounds of each (CI); JUSTONCE_BENCH_SCALE=1:
 # the 10-million-row sizes, the simulated retention week and the claims in steady
-# retention. See scripts/bench.sh.
+# retention; BENCH_ROUNDS=3: the whole set three times, each value's median and
+# range. Writes docs/results/bench.md (bench-scale.md at scale; bench-draft.md,
+# not for the docs, for the small sizes or a subset). See scripts/bench.sh.
 bench: services-up
-	bash scripts/bench.sh
+	BENCH_COMMAND='make bench' bash scripts/bench.sh
 
 demo: services-up
 	set -a && . ./.services.env && set +a && $(GO) run ./examples/payments
@@ -101,13 +103,26 @@ chaos-buckets: services-up
 		-pg-terminates 2 -pg-crashes 1 -kafka-crashes 1 -nats-restarts 1 -net-faults 2 -releases 1 \
 		-hostile-every 100 -http-keys 300 -two-hop 1000 -two-hop-http-keys 200 -relay-kills 2 -timeout 6m
 
+# fresh-machine: the README's `make demo` (then a short go test -race against the
+# services it started; FRESH_TEST='make test' for the whole suite) on a bare
+# Debian 12 root filesystem with only Go and make, under chroot in its own
+# namespaces, services on ports that do not clash with services-up's. Needs root
+# (sudo) and the network to Debian's, Maven's and Go's registries; about 15
+# minutes the first time. Not run by CI (too long for its budget). See
+# scripts/fresh-machine.sh.
+.PHONY: fresh-machine
+fresh-machine:
+	bash scripts/fresh-machine.sh
+
 # bench-peers: justonce's Kafka consumer (defaults) beside what a user would use
 # instead (a hand-written inbox table, Watermill's Kafka subscriber and its
 # transactional SQL subscriber, both with the Deduplicator middleware), on the
 # same Kafka, Postgres and handler: events/s and the ratio against justonce in
 # the same run, then one SIGKILL of each consumer mid-stream: effects lost and
 # doubled. PEERS_EVENTS (default 20000; CI: 2000), PEERS_PARTITIONS (4),
-# PEERS_ROUNDS (1). The peers live in their own module, bench/peers.
+# PEERS_ROUNDS (1). Writes docs/results/peers.md (peers-draft.md, not for the
+# docs, below the default events or for a subset of the peers). The peers live
+# in their own module, bench/peers.
 .PHONY: bench-peers
 bench-peers: services-up
-	cd bench/peers && $(GO) run .
+	cd bench/peers && BENCH_COMMAND='make bench-peers' $(GO) run .

@@ -14,13 +14,17 @@
 # Environment:
 #   JUSTONCE_CACHE     cache dir (default $HOME/.cache/justonce)
 #   DEBIAN_MIRROR      mirror for debootstrap (default: the first deb.debian.org-style
-#                      URI of the machine's apt sources, else http://deb.debian.org/debian)
+#                      URI of the machine's apt sources, else http://deb.debian.org/debian;
+#                      see scripts/lib/debian-rootfs.sh)
 #   DOCKER_HOST        as for the docker CLI
 set -euo pipefail
 
 SELF=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)/$(basename "${BASH_SOURCE[0]}")
+LIB=$(dirname "$SELF")/lib/debian-rootfs.sh
+# shellcheck source=lib/debian-rootfs.sh
+. "$LIB"
 CACHE=${JUSTONCE_CACHE:-$HOME/.cache/justonce}
-HASH=$(sha256sum "$SELF" | cut -c1-12)
+HASH=$(cat "$SELF" "$LIB" | sha256sum | cut -c1-12)
 IMAGE=justonce/testsvc:$HASH
 TAR=$CACHE/images/testsvc-$HASH.tar
 
@@ -35,37 +39,6 @@ if docker image inspect "$IMAGE" >/dev/null 2>&1; then
   exit 0
 fi
 
-mirror() {
-  if [[ -n ${DEBIAN_MIRROR:-} ]]; then
-    echo "$DEBIAN_MIRROR"
-    return
-  fi
-  local u
-  # deb822 sources (URIs: ...) or one-line sources (deb URI suite ...); skip security.
-  u=$(cat /etc/apt/sources.list.d/*.sources 2>/dev/null | awk '/^URIs:/ {print $2}' | grep -v security | head -n1 || true)
-  [[ -z $u ]] && u=$(grep -hE '^deb ' /etc/apt/sources.list /etc/apt/sources.list.d/*.list 2>/dev/null |
-    awk '{print $2}' | grep -v security | head -n1 || true)
-  echo "${u:-http://deb.debian.org/debian}"
-}
-
-# unmount_under DIR: unmount whatever debootstrap left mounted under DIR
-# (it unmounts /proc on exit, but not when something still held it then).
-unmount_under() {
-  local dir=$1 i m left
-  for ((i = 0; i < 50; i++)); do
-    left=
-    # deepest first
-    while read -r m; do
-      left=1
-      umount "$m" 2>/dev/null || true
-    done < <(awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r)
-    [[ -z $left ]] && return 0
-    sleep 0.2
-  done
-  awk -v d="$dir/" 'index($2, d) == 1 {print $2}' /proc/mounts | sort -r | xargs -r -n1 umount -l
-  ! awk -v d="$dir/" 'index($2, d) == 1 {found=1} END {exit !found}' /proc/mounts
-}
-
 ROOTFS=
 remove_rootfs() {
   [[ -n $ROOTFS && -d $ROOTFS ]] || return 0
@@ -74,16 +47,11 @@ remove_rootfs() {
 
 build_tar() {
   command -v debootstrap >/dev/null || die "debootstrap not found (apt-get install debootstrap)"
-  local root t0=$SECONDS m
-  m=$(mirror)
+  local root t0=$SECONDS
   root=$(mktemp -d /tmp/justonce-image.XXXXXX)
   ROOTFS=$root
   trap remove_rootfs EXIT
-  log "debootstrap bookworm from $m into $root (about 2 minutes)"
-  debootstrap --variant=minbase --include=postgresql-15,redis-server bookworm "$root" "$m" \
-    >"$root.log" 2>&1 || { tail -n 30 "$root.log" >&2; die "debootstrap failed (log: $root.log)"; }
-  rm -f "$root.log"
-  unmount_under "$root" || die "cannot unmount what debootstrap mounted under $root"
+  debootstrap_rootfs "$root" postgresql-15,redis-server
   # No packaged cluster or service state: the entrypoint makes its own.
   rm -rf "$root"/var/lib/postgresql/15/main "$root"/etc/postgresql/15/main \
     "$root"/var/cache/apt/archives/*.deb "$root"/var/lib/apt/lists/* "$root"/usr/share/doc/* "$root"/usr/share/man/*

@@ -24,6 +24,13 @@
 // JUSTONCE_TEST_KAFKA_BROKERS, or the repository's .services.env that
 // `make services-up` writes. PEERS_EVENTS, PEERS_PARTITIONS and
 // PEERS_ROUNDS set the defaults of -events, -partitions and -rounds.
+//
+// Besides the table it prints, a run writes its results, with a header
+// that says where they come from (date, commit, machine, load average, Go,
+// command and knobs), to docs/results/peers.md at the repository root; a
+// run below the default -events or with a subset of the peers writes
+// peers-draft.md there instead (ignored by git), marked as not meant to be
+// read. -results (or PEERS_RESULTS) names another file.
 package main
 
 import (
@@ -74,7 +81,7 @@ func main() {
 	}
 	var o options
 	var peers string
-	flag.IntVar(&o.events, "events", envInt("PEERS_EVENTS", 20000), "events per peer and phase (duplicates included)")
+	flag.IntVar(&o.events, "events", envInt("PEERS_EVENTS", defaultEvents), "events per peer and phase (duplicates included)")
 	flag.IntVar(&o.dupPercent, "dup", 20, "percent of the events that are duplicates")
 	flag.IntVar(&o.partitions, "partitions", envInt("PEERS_PARTITIONS", 4), "partitions of each Kafka topic")
 	flag.IntVar(&o.rounds, "rounds", envInt("PEERS_ROUNDS", 1), "throughput rounds per peer (the median is reported)")
@@ -608,6 +615,7 @@ func run(ctx context.Context, o options) error {
 	if !slices.Contains(o.peers, peerSlug[peerJustonce]) {
 		return errors.New("-peers must include justonce: the ratios are against it")
 	}
+	header, resultsFile := beginResults(o)
 	res, unique, err := measure(ctx, o)
 	if err != nil {
 		return err
@@ -637,5 +645,6 @@ func run(ctx context.Context, o options) error {
 			fmt.Printf("%s may lose: %s\n", r.peer, why)
 		}
 	}
-	return check(res)
+	checkErr := check(res)
+	return errors.Join(checkErr, writeResults(header, resultsFile, o, res, unique, checkErr))
 }
