@@ -13,43 +13,196 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/justonce/justonce/internal/ledgerkey"
 )
 
-// pgStore holds every SQL statement of the ledger. The ledger logic speaks to
-// it in verbs (claim, complete, renew, ...); another backend would implement
-// the same verbs.
-type pgStore struct {
-	schema string
-	table  string // quoted, schema-qualified when a schema is configured
-	seq    string // quoted fencing sequence
+// The ledger's SQL lives in three files, and nowhere else in the package:
+//
+//   - store.go (this file): the store interface the ledger's logic calls,
+//     the statements both layouts run alike (rowStore), transaction
+//     control, and how a row is read;
+//   - store_plain.go: the plain layout's own statements (plainStore);
+//   - store_buckets.go: the time-bucket layout's own statements, its view
+//     of the buckets and its janitor (bucketStore).
+//
+// The ledger's logic (Do, DoBatch, DoEach, DoTx, leases, release, the
+// janitor) holds no SQL and does not ask which layout it runs on: it calls
+// the store's verbs, which queue their statements on the batch the logic
+// sends, so that a claim's round trips stay the logic's to arrange.
 
-	// The layout is detected at first use (detect); buckets is set for
-	// the time-bucket layout, whose claim and failure statements differ.
-	mu      sync.Mutex
-	ready   atomic.Bool
-	buckets bool
-	shards  int           // time buckets: how many shards keys are spread over
-	width   time.Duration // time buckets: how long a shard writes into one bucket
-	maxTTL  time.Duration // time buckets: the longest TTL a row may have
-	oid     string        // time buckets: the table's OID, shifted, for lock keys
-	// time buckets: how long a view of the buckets is used, and how long
-	// after its detach a bucket's table is dropped (see viewTimes)
-	viewMaxAge, dropGrace time.Duration
-	view                  atomic.Pointer[bucketView]
+// ledgerStore is every statement group the ledger runs, one verb each. The
+// plain layout (plainStore) and the time-bucket layout (bucketStore)
+// implement it; both share rowStore's statements for the verbs of rowVerbs.
+type ledgerStore interface {
+	rowVerbs
 
-	claimSQL, claimOneSQL, lookupSQL, lookupAtSQL, completeSQL string
-	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL      string
-	releaseSQL, failSQL, purgeSQL, statsSQL, liveSQL           string
-	releaseStuckSQL                                            string
-	knownSQL                                                   string
+	// checkTTL refuses, before anything runs, a TTL the layout cannot
+	// keep (the time-bucket layout's MaxTTL).
+	checkTTL(ttl time.Duration) error
 
-	// The plain layout's write-once path (see Ledger.Do): the claim takes
-	// the key's lock and looks the key up; the row is written once,
-	// complete, with the commit.
-	lockOneSQL, lockManySQL, lookupManySQL, insertDoneSQL, insertManySQL string
+	// planDo returns Do's statements for k (on the time-bucket layout,
+	// those of k's shard, from the ledger's view of the buckets).
+	planDo(ctx context.Context, q querier, k Key) (doPlan, error)
+	// queueClaim queues on b Do's claim of k: the key's advisory lock,
+	// then, in a statement of its own, its look-up; c holds their answers
+	// once b has run.
+	queueClaim(b *pgx.Batch, p doPlan, k Key, c *doClaim)
+	// queueInsertDone queues on b the claimed key's row, written once,
+	// complete (sent with COMMIT).
+	queueInsertDone(b *pgx.Batch, p doPlan, r doneRow)
+	// planStale reports whether err says Do's plan was stale (a bucket
+	// opened or went since it was made); the plans are then made afresh.
+	planStale(err error) bool
+	// forgetPlans makes the next planDo make its plan afresh.
+	forgetPlans()
+	// takeOver claims, in a transaction that holds the key's lock, a row
+	// that may be taken over (expired, or a lapsed lease): pgx.ErrNoRows
+	// when it changed since it was looked up.
+	takeOver(ctx context.Context, q querier, p claimParams) (claimedScan, error)
+
+	// queueLockMany queues on b DoBatch's claim of reqs: every key's lock,
+	// then their look-up; a holds the answers once b has run.
+	queueLockMany(b *pgx.Batch, reqs []Request, a *lockManyAnswer)
+	// takeOverMany is takeOver for every request of a batch, in one
+	// statement: one claimRow per request, in order.
+	takeOverMany(ctx context.Context, conn *pgx.Conn, reqs []Request, ttl func(Request) time.Duration) ([]claimRow, error)
+	// insertMany returns the statement that writes the new keys' rows of
+	// a batch, complete, with the commit.
+	insertMany(p insertManyParams) (*queuedStmt, error)
+
+	// claimInRun claims one request of a DoEach run inside the savepoint
+	// justonce_each that b (not yet sent) opens. A key claimed leaves its
+	// columns in c; a key not claimed comes back with its row, its
+	// savepoint rolled back and released (which frees the key's lock).
+	// Errors are *StoreError; the run's transaction is then to be rolled
+	// back.
+	claimInRun(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, p claimParams, c *claimedScan) (claimRow, error)
+
+	// claimInSavepoint claims one key inside a savepoint of the caller's
+	// transaction (DoTx). When the key is not claimed the savepoint is
+	// rolled back, which also releases the key's lock, and the row is
+	// looked up.
+	claimInSavepoint(ctx context.Context, tx pgx.Tx, p claimParams) (claimRow, error)
+
+	// claimLease claims one key outside any transaction of the caller's
+	// (lease mode with p.lease > 0): the claimed row, or the row found.
+	claimLease(ctx context.Context, q querier, p claimParams) (claimRow, error)
+
+	// recordFailure records a dead-lettered key as failed, unless it is
+	// done: false when it left the row as it was.
+	recordFailure(ctx context.Context, q querier, p failParams) (bool, error)
+
+	// purge is one step of the janitor: n rows gone, more when another
+	// step may find more, locked false when another janitor holds the
+	// lock.
+	purge(ctx context.Context, pool *pgxpool.Pool, limit int) (n int64, more, locked bool, err error)
 }
+
+// rowVerbs are the statements on one key's row, or on the whole table,
+// that both layouts run alike (rowStore's): the ledger may call them
+// before it knows the layout.
+type rowVerbs interface {
+	// lookup returns the row of k whatever its expiry (nil when absent),
+	// and whether it is live.
+	lookup(ctx context.Context, q querier, k Key) (*Record, bool, error)
+	// complete stores a transactional-mode result in the claimed row;
+	// queueComplete queues that statement on b.
+	complete(ctx context.Context, q querier, c completion) error
+	queueComplete(b *pgx.Batch, c completion)
+	// renew, leaseComplete, leaseFail and leaseAbandon act on a lease's
+	// row while it is still processing under the lease's token: false
+	// when it is not.
+	renew(ctx context.Context, q querier, p leaseParams) (bool, error)
+	leaseComplete(ctx context.Context, q querier, p leaseParams) (bool, error)
+	leaseFail(ctx context.Context, q querier, p leaseParams) (bool, error)
+	leaseAbandon(ctx context.Context, q querier, p leaseParams) (bool, error)
+	// release deletes k's row, whatever its state.
+	release(ctx context.Context, q querier, k Key) (bool, error)
+	// releaseStuck deletes k's row if it is stuck; live reports a row that
+	// was not (done, or under a lease that still runs).
+	releaseStuck(ctx context.Context, q querier, k Key) (deleted, live bool, err error)
+	// known: for each key, the status of its live row, or "".
+	known(ctx context.Context, q querier, keys []Key) ([]Status, error)
+	// live counts the live rows of one scope and tenant.
+	live(ctx context.Context, q querier, scope, tenant string) (int64, error)
+	// stats: live rows by scope and status.
+	stats(ctx context.Context, q querier) ([]ScopeStats, error)
+}
+
+// The verbs' parameters.
+type (
+	// claimParams: a claim of req's key whose row expires after ttl; in
+	// lease mode (lease > 0) held by owner.
+	claimParams struct {
+		req        Request
+		ttl, lease time.Duration
+		owner      string
+	}
+	// completion: a transactional-mode result for key's row.
+	completion struct {
+		key  Key
+		res  Result
+		took time.Duration
+	}
+	// doneRow: a claimed key's row, written complete.
+	doneRow struct {
+		req  Request
+		ttl  time.Duration
+		res  Result
+		took time.Duration
+	}
+	// leaseParams: the lease of key under token; what renew (lease),
+	// leaseComplete (res, took) and leaseFail (errText, took) write.
+	leaseParams struct {
+		key     Key
+		token   int64
+		lease   time.Duration
+		res     Result
+		errText string
+		took    time.Duration
+	}
+	// failParams: a dead-lettered request after attempts, failed with
+	// errText, kept for ttl.
+	failParams struct {
+		req      Request
+		attempts int
+		errText  string
+		ttl      time.Duration
+	}
+	// insertManyParams: the rows of reqs[i] for i in idx, with their
+	// results (nil: none) and each one's run time.
+	insertManyParams struct {
+		reqs    []Request
+		idx     []int
+		results []Result
+		ttl     func(Request) time.Duration
+		took    time.Duration
+	}
+)
+
+// Transaction control: the ledger's logic opens and ends the transactions
+// its verbs run in, and DoEach's savepoints, with these.
+const (
+	sqlBegin    = "BEGIN"
+	sqlCommit   = "COMMIT"
+	sqlRollback = "ROLLBACK"
+
+	// Each request of a DoEach run claims and runs in this savepoint.
+	sqlEachSavepoint = "SAVEPOINT justonce_each"
+	sqlEachRelease   = "RELEASE SAVEPOINT justonce_each"
+	sqlEachRollback  = "ROLLBACK TO SAVEPOINT justonce_each"
+	// sqlEachUndo is the two in one simple-protocol message: a batch would
+	// prepare RELEASE before the ROLLBACK TO ran, which an aborted
+	// savepoint refuses.
+	sqlEachUndo = sqlEachRollback + "; " + sqlEachRelease
+)
+
+// The statements of a nested transaction a handler opens (ownedTx.Begin).
+func sqlSavepoint(name string) string           { return "SAVEPOINT " + name }
+func sqlReleaseSavepoint(name string) string    { return "RELEASE SAVEPOINT " + name }
+func sqlRollbackToSavepoint(name string) string { return "ROLLBACK TO SAVEPOINT " + name }
 
 // querier is what pgx.Tx, *pgx.Conn and *pgxpool.Pool have in common.
 type querier interface {
@@ -58,112 +211,86 @@ type querier interface {
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
 }
 
-func newPGStore(schema string) *pgStore {
-	ident := func(name string) string {
-		if schema == "" {
-			return pgx.Identifier{name}.Sanitize()
-		}
-		return pgx.Identifier{schema, name}.Sanitize()
+// storeSlot holds a ledger's store, chosen at its first use: the layout is
+// found out from the database, once.
+type storeSlot struct {
+	rows  *rowStore // valid on both layouts, at once
+	ready atomic.Bool
+	mu    sync.Mutex
+	s     ledgerStore // set once ready
+}
+
+func newStoreSlot(schema string) *storeSlot { return &storeSlot{rows: newRowStore(schema)} }
+
+// get returns the layout's store, finding out the layout on q at the
+// first call.
+func (o *storeSlot) get(ctx context.Context, q querier) (ledgerStore, error) {
+	if o.ready.Load() {
+		return o.s, nil
 	}
-	s := &pgStore{schema: schema, table: ident("processed_events"), seq: ident("processed_events_fencing_seq")}
-	// {OID} mixes the table's identity into advisory lock keys, so that
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.ready.Load() {
+		return o.s, nil
+	}
+	s, err := o.rows.open(ctx, q)
+	if err != nil {
+		return nil, fmt.Errorf("ledger layout: %w", err)
+	}
+	o.s = s
+	o.ready.Store(true)
+	return s, nil
+}
+
+// current returns the layout's store, or nil before the first get.
+func (o *storeSlot) current() ledgerStore {
+	if o.ready.Load() {
+		return o.s
+	}
+	return nil
+}
+
+// open finds out the table's layout and returns its store.
+func (s *rowStore) open(ctx context.Context, q querier) (ledgerStore, error) {
+	var kind string
+	if err := q.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`, s.table).Scan(&kind); err != nil {
+		return nil, err
+	}
+	if kind == "p" {
+		return openBucketStore(ctx, q, s)
+	}
+	return newPlainStore(s), nil
+}
+
+// rowStore holds the statements both layouts run alike: those on one
+// key's row by its key, which Postgres routes to the row's bucket on the
+// time-bucket layout, and those on the whole table.
+type rowStore struct {
+	schema string
+	table  string // quoted, schema-qualified when a schema is configured
+	// oid mixes the table's identity into advisory lock keys, so that
 	// ledgers in different schemas of one database never contend.
-	oid := "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
-	r := strings.NewReplacer("{T}", s.table, "{SEQ}", s.seq, "{OID}", oid)
+	oid string
+	// names replaces {T} (the table), {SEQ} (the fencing sequence) and
+	// {OID} (oid) in statement texts.
+	names *strings.Replacer
 
-	// recordCols lists a row's columns under an alias, in scanRecord order.
-	cols := func(a string) string { return strings.ReplaceAll(lookupCols, "x.", a+".") }
+	lookupSQL, lookupAtSQL, completeSQL                   string
+	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
+	releaseSQL, releaseStuckSQL                           string
+	knownSQL, liveSQL, statsSQL                           string
+}
 
-	// The claim inserts the row, or takes over a row whose retention
-	// expired or (lease mode) whose lease expired with the same
-	// fingerprint. A per-key advisory try-lock makes a concurrent claimer
-	// answer at once instead of waiting on the unique index. Lease mode
-	// ($9 > 0) writes status processing with a lease and a fencing token
-	// from the sequence; transactional mode writes done (the row becomes
-	// visible only at commit, with the effect).
-	insert := func(source, returning string) string {
-		return r.Replace(`INSERT INTO {T} AS t (scope, tenant, event_id, status, fingerprint, source, principal,
-		lease_owner, lease_until, fencing_token, attempts, created_at, completed_at, expires_at)
-	` + source + `
-	ON CONFLICT (scope, tenant, event_id) DO UPDATE SET
-		status = EXCLUDED.status, fingerprint = EXCLUDED.fingerprint, source = EXCLUDED.source,
-		principal = EXCLUDED.principal, lease_owner = EXCLUDED.lease_owner,
-		lease_until = EXCLUDED.lease_until, fencing_token = EXCLUDED.fencing_token,
-		attempts = CASE WHEN t.expires_at <= now() THEN 1 ELSE t.attempts + 1 END,
-		response_code = NULL, response_headers = NULL, response_body = NULL, error = NULL,
-		duration_us = NULL, created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at,
-		expires_at = EXCLUDED.expires_at
-	WHERE t.expires_at <= now()
-		OR (t.status = 'processing' AND t.lease_until <= now()
-			AND (EXCLUDED.fingerprint IS NULL OR t.fingerprint IS NULL OR t.fingerprint = EXCLUDED.fingerprint))
-	RETURNING ` + returning)
-	}
-	// A claim returns only what the request does not already say.
-	const claimedCols = `t.fencing_token, t.attempts, t.created_at, t.expires_at, t.lease_until`
-	modeCols := `CASE WHEN $9::bigint > 0 THEN 'processing' ELSE 'done' END`
-	leaseCols := `CASE WHEN $9::bigint > 0 THEN $10::text END,
-		CASE WHEN $9::bigint > 0 THEN now() + $9::bigint * interval '1 microsecond' END,
-		CASE WHEN $9::bigint > 0 THEN nextval('{SEQ}') ELSE 0 END,
-		1, now(),
-		CASE WHEN $9::bigint > 0 THEN NULL ELSE now() END`
+var _, _ ledgerStore = (*plainStore)(nil), (*bucketStore)(nil)
 
-	// claimOneSQL: one key, scalar parameters; a plain INSERT that plans in
-	// microseconds. It returns the claimed row, or nothing (then look up).
-	s.claimOneSQL = insert(`SELECT $1::text, $2::text, $3::text, `+modeCols+`, $4::bytea, $5::text, $6::text,
-		`+leaseCols+`, now() + $7::bigint * interval '1 microsecond'
-	WHERE pg_try_advisory_xact_lock($8::bigint # {OID})`, claimedCols)
+func newRowStore(schema string) *rowStore {
+	s := &rowStore{schema: schema}
+	s.table = s.ident("processed_events")
+	s.oid = "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
+	s.names = strings.NewReplacer("{T}", s.table, "{SEQ}", s.ident("processed_events_fencing_seq"), "{OID}", s.oid)
+	r := s.names
 
-	// claimSQL: a whole batch in one statement (array parameters). It
-	// returns, per input ordinal, the claimed row or the existing one (NULL
-	// columns when none is visible).
-	s.claimSQL = r.Replace(`
-WITH u AS (
-	SELECT * FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::bigint[], $8::bigint[])
-		WITH ORDINALITY AS u(scope, tenant, event_id, fingerprint, source, principal, ttl_us, lock_key, ord)
-), ins AS (
-	` + insert(`SELECT u.scope, u.tenant, u.event_id, `+modeCols+`, u.fingerprint, u.source, u.principal,
-		`+leaseCols+`, now() + u.ttl_us * interval '1 microsecond'
-	FROM u
-	WHERE pg_try_advisory_xact_lock(u.lock_key # {OID})
-	ORDER BY u.ord`, `t.scope, t.tenant, t.event_id, `+cols("t")) + `
-)
-SELECT u.ord, true, ` + cols("ins") + `
-	FROM u JOIN ins ON ins.scope = u.scope AND ins.tenant = u.tenant AND ins.event_id = u.event_id
-UNION ALL
-SELECT u.ord, false, ` + cols("e") + `
-	FROM u LEFT JOIN {T} e ON e.scope = u.scope AND e.tenant = u.tenant AND e.event_id = u.event_id
-	WHERE NOT EXISTS (SELECT 1 FROM ins WHERE ins.scope = u.scope AND ins.tenant = u.tenant AND ins.event_id = u.event_id)`)
-
-	// lockOneSQL takes one key's advisory lock (without waiting) and
-	// returns the transaction's time, which the row will carry. The key is
-	// looked up by a separate statement after it: that statement's snapshot
-	// is taken once the lock is held, so it sees every row committed by an
-	// earlier holder of the lock.
-	s.lockOneSQL = r.Replace(`SELECT pg_try_advisory_xact_lock($1::bigint # {OID}), now()`)
-	s.lockManySQL = r.Replace(`SELECT array_agg(pg_try_advisory_xact_lock(u.k # {OID}) ORDER BY u.o), now()
-		FROM unnest($1::bigint[]) WITH ORDINALITY AS u(k, o)`)
-	s.lookupManySQL = r.Replace(`SELECT u.ord, ` + cols("e") + `
-		FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(scope, tenant, event_id, ord)
-		JOIN {T} e ON e.scope = u.scope AND e.tenant = u.tenant AND e.event_id = u.event_id`)
-	// insertDoneSQL writes a transactional-mode row, complete, under the
-	// key's lock, for a key the lock holder found absent: a plain INSERT
-	// (Do's on the plain layout; the time-bucket layout's name the bucket,
-	// see shardStatements).
-	// A conflict (a row written without the lock) fails it, and with it
-	// the commit.
-	s.insertDoneSQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
-		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at)
-	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
-		now() + $11::bigint * interval '1 microsecond')`)
-	s.insertManySQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
-		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at)
-	SELECT u.scope, u.tenant, u.event_id, 'done', u.fingerprint, u.source, u.principal,
-		u.code, u.header, u.body, u.duration_us, now(), clock_timestamp(), now() + u.ttl_us * interval '1 microsecond'
-	FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[],
-		$7::integer[], $8::text[]::jsonb[], $9::bytea[], $10::bigint[], $11::bigint[])
-		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us)`)
-
-	s.lookupSQL = r.Replace(`SELECT ` + cols("e") + ` FROM {T} e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3`)
+	s.lookupSQL = r.Replace(`SELECT ` + s.cols("e") + ` FROM {T} e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3`)
 	// lookupAtSQL is Do's look-up: rowCols only, read with recordScan's
 	// destAt and recordAt, which tell liveness from the transaction's
 	// now() that Do's lock statement returned. Sixteen columns are what
@@ -205,31 +332,6 @@ SELECT u.ord, false, ` + cols("e") + `
 	SELECT EXISTS (SELECT 1 FROM d), EXISTS (SELECT 1 FROM {T}
 		WHERE scope = $1 AND tenant = $2 AND event_id = $3)`)
 
-	// failSQL records a dead-lettered event as failed, unless it is done.
-	s.failSQL = r.Replace(`INSERT INTO {T} AS t (scope, tenant, event_id, status, fingerprint, source, principal,
-		attempts, error, completed_at, expires_at)
-	VALUES ($1, $2, $3, 'failed', $4, $5, $6, $7, $8, now(), now() + $9::bigint * interval '1 microsecond')
-	ON CONFLICT (scope, tenant, event_id) DO UPDATE SET status = 'failed', error = EXCLUDED.error,
-		attempts = EXCLUDED.attempts, completed_at = now(), lease_until = NULL, expires_at = EXCLUDED.expires_at
-	WHERE t.status <> 'done' OR t.expires_at <= now()`)
-
-	// purgeSQL deletes one batch of expired rows if this instance holds the
-	// janitor lock; rows locked by others are skipped. No ORDER BY: the
-	// BRIN index yields expired rows in table order, and sorting every
-	// expired row for each small batch would cost more than it saves.
-	s.purgeSQL = r.Replace(`
-WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1::bigint # {OID}) AS ok),
-d AS (
-	DELETE FROM {T} WHERE ctid = ANY(ARRAY(
-		SELECT ctid FROM {T}
-		WHERE (SELECT ok FROM l) AND expires_at <= now()
-			AND (status <> 'processing' OR lease_until IS NULL OR lease_until <= now())
-		LIMIT $2
-		FOR UPDATE SKIP LOCKED))
-	RETURNING 1
-)
-SELECT (SELECT ok FROM l), count(*) FROM d`)
-
 	// knownSQL: which of a list of keys have a live row, and in what state.
 	s.knownSQL = r.Replace(`SELECT u.ord, e.status FROM unnest($1::text[], $2::text[], $3::text[])
 		WITH ORDINALITY AS u(scope, tenant, event_id, ord)
@@ -243,18 +345,40 @@ SELECT (SELECT ok FROM l), count(*) FROM d`)
 	return s
 }
 
+// ident quotes name, qualified with the ledger's schema when it has one.
+func (s *rowStore) ident(name string) string {
+	if s.schema == "" {
+		return pgx.Identifier{name}.Sanitize()
+	}
+	return pgx.Identifier{s.schema, name}.Sanitize()
+}
+
+// cols lists a row's columns under the alias a, in recordScan's dest
+// order (lookupCols).
+func (s *rowStore) cols(a string) string { return strings.ReplaceAll(lookupCols, "x.", a+".") }
+
+// rowCols are the columns of a row named x that recordScan reads: every
+// column of processed_events but the key's, in the table's order.
+const rowCols = `x.status, x.fingerprint, x.source, x.principal, x.lease_owner, x.lease_until,
+		x.fencing_token, x.attempts, x.response_code, x.response_headers, x.response_body, x.error,
+		x.duration_us, x.created_at, x.completed_at, x.expires_at`
+
+// lookupCols are the columns a look-up returns for recordScan: rowCols,
+// and whether the row and its lease are live at now().
+const lookupCols = rowCols + `, x.expires_at > now(), x.lease_until > now()`
+
 // lockKey is the advisory lock a claim takes for a key.
 func lockKey(k Key) int64 { return ledgerkey.Hash(k.Scope, k.Tenant, k.ID) }
 
 // janitorLockKey is the advisory lock (mixed with the table's OID in SQL)
 // that lets one janitor run at a time per table.
-func (s *pgStore) janitorLockKey() int64 {
+func (s *rowStore) janitorLockKey() int64 {
 	h := fnv.New64a()
 	h.Write([]byte("justonce.janitor:" + s.table))
 	return int64(h.Sum64())
 }
 
-// claimRow is one row of the claim statement's answer.
+// claimRow is a claim's answer for one key.
 type claimRow struct {
 	ord     int64
 	claimed bool
@@ -263,49 +387,261 @@ type claimRow struct {
 	leased  bool    // lease still running
 }
 
-// claim runs the claim statement on q for reqs (keys already validated and
-// unique), returning one claimRow per request in order.
-// claimOne claims one key on q: the claimed row, or (not claimed) the
-// existing row found by a second statement.
-func (s *pgStore) claimOne(ctx context.Context, q querier, req Request, ttl time.Duration, lease time.Duration, owner string) (claimRow, error) {
-	if err := s.detect(ctx, q); err != nil {
-		return claimRow{}, err
-	}
+// claimOne claims one key on q with sql, the layout's one-key claim
+// statement: the claimed row, or (not claimed) the existing row found by
+// a second statement.
+func (s *rowStore) claimOne(ctx context.Context, q querier, sql string, p claimParams) (claimRow, error) {
 	var c claimedScan
-	err := q.QueryRow(ctx, s.claimOneSQL, claimOneArgs(req, ttl, lease, owner)...).Scan(c.dest()...)
+	err := q.QueryRow(ctx, sql, claimOneArgs(p)...).Scan(c.dest()...)
 	if err == nil {
-		return claimRow{claimed: true, rec: c.record(req, lease, owner), live: true, leased: lease > 0}, nil
+		return claimRow{claimed: true, rec: c.record(p.req, p.lease, p.owner), live: true, leased: p.lease > 0}, nil
 	}
 	if !errors.Is(err, pgx.ErrNoRows) {
 		return claimRow{}, err
 	}
-	rec, live, err := s.lookup(ctx, q, req.Key)
+	rec, live, err := s.lookup(ctx, q, p.req.Key)
 	return claimRow{rec: rec, live: live}, err
 }
 
-func claimOneArgs(r Request, ttl time.Duration, lease time.Duration, owner string) []any {
-	return []any{r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal,
-		ttl.Microseconds(), lockKey(r.Key), lease.Microseconds(), owner}
+// takeOverWith is takeOver with sql, the layout's one-key claim statement.
+func takeOverWith(ctx context.Context, q querier, sql string, p claimParams) (claimedScan, error) {
+	var c claimedScan
+	err := q.QueryRow(ctx, sql, claimOneArgs(p)...).Scan(c.dest()...)
+	return c, err
 }
 
-func (s *pgStore) collectClaim(rows pgx.Rows, reqs []Request) ([]claimRow, error) {
+// queueClaimOne queues on b sql, the layout's one-key claim statement;
+// once b has run, claimed says whether the key was claimed, its columns in
+// c.
+func queueClaimOne(b *pgx.Batch, sql string, p claimParams, c *claimedScan, claimed *bool) {
+	b.Queue(sql, claimOneArgs(p)...).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(c.dest()...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		*claimed = err == nil
+		return err
+	})
+}
+
+func claimOneArgs(p claimParams) []any {
+	r := p.req
+	return []any{r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal,
+		p.ttl.Microseconds(), lockKey(r.Key), p.lease.Microseconds(), p.owner}
+}
+
+// claimManyArgs are the batch claim statement's arguments: per request,
+// its key, fingerprint, source, principal, TTL and lock; then the lease and
+// owner of them all.
+func claimManyArgs(reqs []Request, ttl func(Request) time.Duration, lease time.Duration, owner string) []any {
+	n := len(reqs)
+	scopes, tenants, ids := make([]string, n), make([]string, n), make([]string, n)
+	fps := make([][]byte, n)
+	sources, principals := make([]string, n), make([]string, n)
+	ttls, locks := make([]int64, n), make([]int64, n)
+	for i, r := range reqs {
+		scopes[i], tenants[i], ids[i] = r.Scope, r.Tenant, r.ID
+		fps[i] = r.Fingerprint
+		sources[i], principals[i] = string(r.Source), r.Principal
+		ttls[i] = ttl(r).Microseconds()
+		locks[i] = lockKey(r.Key)
+	}
+	return []any{scopes, tenants, ids, fps, sources, principals, ttls, locks, lease.Microseconds(), owner}
+}
+
+// takeOverManyWith is takeOverMany with sql, the layout's batch claim
+// statement, which returns per input ordinal whether it claimed, and the
+// claimed or existing row.
+func takeOverManyWith(ctx context.Context, conn *pgx.Conn, sql string, reqs []Request, ttl func(Request) time.Duration) ([]claimRow, error) {
+	b := &pgx.Batch{}
+	b.Queue(sql, claimManyArgs(reqs, ttl, 0, "")...)
+	br := conn.SendBatch(ctx, b)
+	var rows []claimRow
+	qr, err := br.Query()
+	if err == nil {
+		rows, err = collectClaimRows(qr, reqs, true)
+	}
+	if cerr := br.Close(); err == nil {
+		err = cerr
+	}
+	return rows, err
+}
+
+// collectClaimRows reads the rows of a batch claim (claimed: each row
+// says whether it claimed) or of a batch look-up (the existing row of each
+// request that has one; claimed is left false): one claimRow per request.
+func collectClaimRows(rows pgx.Rows, reqs []Request, claimed bool) ([]claimRow, error) {
 	defer rows.Close()
+	what := "look-up"
+	if claimed {
+		what = "claim"
+	}
 	out := make([]claimRow, len(reqs))
 	for rows.Next() {
 		var cr claimRow
 		var sc recordScan
-		dest := append([]any{&cr.ord, &cr.claimed}, sc.dest()...)
-		if err := rows.Scan(dest...); err != nil {
+		dest := append(make([]any, 0, 20), &cr.ord)
+		if claimed {
+			dest = append(dest, &cr.claimed)
+		}
+		if err := rows.Scan(append(dest, sc.dest()...)...); err != nil {
 			return nil, err
 		}
 		i := int(cr.ord) - 1
 		if i < 0 || i >= len(reqs) {
-			return nil, fmt.Errorf("claim returned ordinal %d of %d", cr.ord, len(reqs))
+			return nil, fmt.Errorf("%s returned ordinal %d of %d", what, cr.ord, len(reqs))
 		}
 		cr.rec, cr.live, cr.leased = sc.record(reqs[i].Key)
 		out[i] = cr
 	}
 	return out, rows.Err()
+}
+
+// lockManyAnswer is what queueLockMany's statements answer.
+type lockManyAnswer struct {
+	locked []bool
+	now    time.Time // the transaction's
+	rows   []claimRow
+}
+
+// queueLockManyWith is queueLockMany with the layout's lock and look-up
+// statements; extra are the look-up's arguments after the keys'.
+func queueLockManyWith(b *pgx.Batch, lockSQL, lookupSQL string, reqs []Request, a *lockManyAnswer, extra ...any) {
+	n := len(reqs)
+	locks := make([]int64, n)
+	scopes, tenants, ids := make([]string, n), make([]string, n), make([]string, n)
+	for i, r := range reqs {
+		locks[i] = lockKey(r.Key)
+		scopes[i], tenants[i], ids[i] = r.Scope, r.Tenant, r.ID
+	}
+	b.Queue(lockSQL, locks).QueryRow(func(row pgx.Row) error { return row.Scan(&a.locked, &a.now) })
+	a.rows = make([]claimRow, n)
+	b.Queue(lookupSQL, append([]any{scopes, tenants, ids}, extra...)...).Query(func(qr pgx.Rows) error {
+		got, err := collectClaimRows(qr, reqs, false)
+		copy(a.rows, got)
+		return err
+	})
+}
+
+// result is one claimRow per key: claimed says its lock was taken; rec is
+// its row, if any.
+func (a *lockManyAnswer) result() ([]claimRow, error) {
+	if len(a.locked) != len(a.rows) {
+		return nil, fmt.Errorf("lock returned %d answers for %d keys", len(a.locked), len(a.rows))
+	}
+	for i := range a.rows {
+		a.rows[i].claimed = a.locked[i]
+	}
+	return a.rows, nil
+}
+
+// doPlan is Do's statements for one key (planDo): opaque to the ledger's
+// logic.
+type doPlan struct {
+	// lock takes the key's lock ($1) and returns now() (on the time-bucket
+	// layout also whether the transaction is READ COMMITTED, and whether
+	// the plan's newest bucket of the shard is still its newest). On the
+	// time-bucket layout, lockEarly is lock for the time before the
+	// janitor may open the shard's next bucket (nextOpen, on the
+	// database's clock): it skips that check, which the row's INSERT
+	// makes anyway.
+	lock, lockEarly string
+	nextOpen        time.Time
+	// lookup looks the key ($1, $2, $3) up (rowCols: read it with
+	// recordScan's destAt and recordAt).
+	lookup string
+	// insert writes the row (on the time-bucket layout into the shard's
+	// newest bucket, refusing, JO001, if it is no longer the newest).
+	insert string
+	// The time-bucket layout's DoEach claim in one round trip: markLock
+	// (markLockEarly) is lock that also records in a transaction-local
+	// setting, under the token $2, that the lock is held; claimNew then
+	// writes the key's claim row (done, without a result) into the newest
+	// bucket only if that setting holds the token ($8) and no bucket has
+	// the key. claimNew's snapshot is taken after markLock ran, so it sees
+	// every row an earlier holder of the lock committed.
+	markLock, markLockEarly, claimNew string
+}
+
+// doClaim is what queueClaim's statements answer.
+type doClaim struct {
+	locked bool
+	now    time.Time // the transaction's
+	// readCommitted is false when the time-bucket layout refused a
+	// transaction stricter than READ COMMITTED; fresh is false when the
+	// plan's newest bucket was no longer its shard's newest (the look-up
+	// missed a bucket). Both true on the plain layout.
+	readCommitted, fresh bool
+	found                bool // the key has a row, in row
+	row                  recordScan
+}
+
+// queueInsertDone queues the claimed key's row, with p.insert, the
+// layout's statement: the same arguments on both layouts.
+func (s *rowStore) queueInsertDone(b *pgx.Batch, p doPlan, r doneRow) {
+	q := r.req
+	b.Queue(p.insert, q.Scope, q.Tenant, q.ID, q.Fingerprint, string(q.Source), q.Principal,
+		nullCode(r.res.Code), nullHeader(r.res.Header), r.res.Body, r.took.Microseconds(), r.ttl.Microseconds())
+}
+
+// queueLookup queues on b sql, a look-up of k by its scope, tenant and ID;
+// once the batch has run, found says whether k has a row, scanned into
+// dest.
+func queueLookup(b *pgx.Batch, sql string, k Key, dest []any, found *bool) {
+	b.Queue(sql, k.Scope, k.Tenant, k.ID).QueryRow(func(row pgx.Row) error {
+		err := row.Scan(dest...)
+		if errors.Is(err, pgx.ErrNoRows) {
+			return nil
+		}
+		*found = err == nil
+		return err
+	})
+}
+
+// claimInSavepointWith is claimInSavepoint with sql, the layout's one-key
+// claim statement, in one round trip. refresh, when set, brings the
+// transaction's list of partitions up to date after the claim found none
+// for its row (on the time-bucket layout: a bucket opened since the
+// transaction took the ledger's locks), and the claim is made again, once.
+func (s *rowStore) claimInSavepointWith(ctx context.Context, tx pgx.Tx, sql string, p claimParams,
+	refresh func(context.Context, querier, Key) error) (claimRow, error) {
+	var c claimedScan
+	claimed := false
+	b := &pgx.Batch{}
+	b.Queue("SAVEPOINT justonce_claim")
+	queueClaimOne(b, sql, p, &c, &claimed)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		if refresh == nil || !isNoPartition(err) {
+			return claimRow{}, err
+		}
+		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT justonce_claim; RELEASE SAVEPOINT justonce_claim"); err != nil {
+			return claimRow{}, err
+		}
+		if err := refresh(ctx, tx, p.req.Key); err != nil {
+			return claimRow{}, err
+		}
+		return s.claimInSavepointWith(ctx, tx, sql, p, nil)
+	}
+	if claimed {
+		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT justonce_claim"); err != nil {
+			return claimRow{}, err
+		}
+		return claimRow{claimed: true, rec: c.record(p.req, 0, ""), live: true}, nil
+	}
+	var ls recordScan
+	found := false
+	b = &pgx.Batch{}
+	b.Queue("ROLLBACK TO SAVEPOINT justonce_claim")
+	b.Queue("RELEASE SAVEPOINT justonce_claim")
+	queueLookup(b, s.lookupSQL, p.req.Key, ls.dest(), &found)
+	if err := tx.SendBatch(ctx, b).Close(); err != nil {
+		return claimRow{}, err
+	}
+	if !found {
+		return claimRow{}, nil
+	}
+	rec, live, _ := ls.record(p.req.Key)
+	return claimRow{rec: rec, live: live}, nil
 }
 
 // claimedScan receives the columns a claim returns.
@@ -399,9 +735,7 @@ func deref[T any](p *T) T {
 
 func derefTime(p *time.Time) time.Time { return deref(p) }
 
-// lookup returns the row for k whatever its expiry (nil when absent), and
-// whether it is live.
-func (s *pgStore) lookup(ctx context.Context, q querier, k Key) (*Record, bool, error) {
+func (s *rowStore) lookup(ctx context.Context, q querier, k Key) (*Record, bool, error) {
 	var sc recordScan
 	err := q.QueryRow(ctx, s.lookupSQL, k.Scope, k.Tenant, k.ID).Scan(sc.dest()...)
 	if errors.Is(err, pgx.ErrNoRows) {
@@ -414,37 +748,37 @@ func (s *pgStore) lookup(ctx context.Context, q querier, k Key) (*Record, bool, 
 	return rec, live, nil
 }
 
-// queueComplete adds the statement that stores a transactional-mode result.
-func (s *pgStore) queueComplete(b *pgx.Batch, k Key, res Result, d time.Duration) {
-	b.Queue(s.completeSQL, k.Scope, k.Tenant, k.ID, nullCode(res.Code), nullHeader(res.Header), res.Body, d.Microseconds())
+func (s *rowStore) queueComplete(b *pgx.Batch, c completion) {
+	b.Queue(s.completeSQL, c.key.Scope, c.key.Tenant, c.key.ID, nullCode(c.res.Code), nullHeader(c.res.Header), c.res.Body, c.took.Microseconds())
 }
 
-func (s *pgStore) complete(ctx context.Context, q querier, k Key, res Result, d time.Duration) error {
-	_, err := q.Exec(ctx, s.completeSQL, k.Scope, k.Tenant, k.ID, nullCode(res.Code), nullHeader(res.Header), res.Body, d.Microseconds())
+func (s *rowStore) complete(ctx context.Context, q querier, c completion) error {
+	_, err := q.Exec(ctx, s.completeSQL, c.key.Scope, c.key.Tenant, c.key.ID, nullCode(c.res.Code), nullHeader(c.res.Header), c.res.Body, c.took.Microseconds())
 	return err
 }
 
-func (s *pgStore) renew(ctx context.Context, q querier, k Key, token int64, lease time.Duration) (bool, error) {
-	tag, err := q.Exec(ctx, s.renewSQL, k.Scope, k.Tenant, k.ID, token, lease.Microseconds())
+func (s *rowStore) renew(ctx context.Context, q querier, p leaseParams) (bool, error) {
+	tag, err := q.Exec(ctx, s.renewSQL, p.key.Scope, p.key.Tenant, p.key.ID, p.token, p.lease.Microseconds())
 	return tag.RowsAffected() == 1, err
 }
 
-func (s *pgStore) leaseComplete(ctx context.Context, q querier, k Key, token int64, res Result, d time.Duration) (bool, error) {
-	tag, err := q.Exec(ctx, s.leaseCompleteSQL, k.Scope, k.Tenant, k.ID, token, nullCode(res.Code), nullHeader(res.Header), res.Body, d.Microseconds())
+func (s *rowStore) leaseComplete(ctx context.Context, q querier, p leaseParams) (bool, error) {
+	tag, err := q.Exec(ctx, s.leaseCompleteSQL, p.key.Scope, p.key.Tenant, p.key.ID, p.token,
+		nullCode(p.res.Code), nullHeader(p.res.Header), p.res.Body, p.took.Microseconds())
 	return tag.RowsAffected() == 1, err
 }
 
-func (s *pgStore) leaseFail(ctx context.Context, q querier, k Key, token int64, msg string, d time.Duration) (bool, error) {
-	tag, err := q.Exec(ctx, s.leaseFailSQL, k.Scope, k.Tenant, k.ID, token, msg, d.Microseconds())
+func (s *rowStore) leaseFail(ctx context.Context, q querier, p leaseParams) (bool, error) {
+	tag, err := q.Exec(ctx, s.leaseFailSQL, p.key.Scope, p.key.Tenant, p.key.ID, p.token, p.errText, p.took.Microseconds())
 	return tag.RowsAffected() == 1, err
 }
 
-func (s *pgStore) leaseRelease(ctx context.Context, q querier, k Key, token int64) (bool, error) {
-	tag, err := q.Exec(ctx, s.leaseDelSQL, k.Scope, k.Tenant, k.ID, token)
+func (s *rowStore) leaseAbandon(ctx context.Context, q querier, p leaseParams) (bool, error) {
+	tag, err := q.Exec(ctx, s.leaseDelSQL, p.key.Scope, p.key.Tenant, p.key.ID, p.token)
 	return tag.RowsAffected() == 1, err
 }
 
-func (s *pgStore) release(ctx context.Context, q querier, k Key) (ok bool, err error) {
+func (s *rowStore) release(ctx context.Context, q querier, k Key) (ok bool, err error) {
 	err = retryMoved(func() error {
 		tag, err := q.Exec(ctx, s.releaseSQL, k.Scope, k.Tenant, k.ID)
 		ok = tag.RowsAffected() == 1
@@ -453,9 +787,7 @@ func (s *pgStore) release(ctx context.Context, q querier, k Key) (ok bool, err e
 	return ok, err
 }
 
-// releaseStuck deletes k's row if it is stuck; live reports a row that
-// was not (done, or under a lease that still runs).
-func (s *pgStore) releaseStuck(ctx context.Context, q querier, k Key) (deleted, live bool, err error) {
+func (s *rowStore) releaseStuck(ctx context.Context, q querier, k Key) (deleted, live bool, err error) {
 	err = retryMoved(func() error {
 		return q.QueryRow(ctx, s.releaseStuckSQL, k.Scope, k.Tenant, k.ID).Scan(&deleted, &live)
 	})
@@ -477,38 +809,7 @@ func retryMoved(f func() error) error {
 	return err
 }
 
-func (s *pgStore) fail(ctx context.Context, q querier, r Request, attempts int, msg string, ttl time.Duration) (bool, error) {
-	if err := s.detect(ctx, q); err != nil {
-		return false, err
-	}
-	if s.buckets {
-		var ok bool
-		err := q.QueryRow(ctx, s.failSQL, r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal,
-			attempts, msg, ttl.Microseconds(), lockKey(r.Key)).Scan(&ok)
-		return ok, err
-	}
-	tag, err := q.Exec(ctx, s.failSQL, r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal, attempts, msg, ttl.Microseconds())
-	return tag.RowsAffected() == 1, err
-}
-
-// purge deletes up to limit expired rows; locked is false when another
-// janitor holds the lock.
-func (s *pgStore) purge(ctx context.Context, q querier, limit int) (n int64, locked bool, err error) {
-	err = q.QueryRow(ctx, s.purgeSQL, s.janitorLockKey(), limit).Scan(&locked, &n)
-	return n, locked, err
-}
-
-// ScopeStats is one line of Ledger.Stats: live rows of one scope and status.
-type ScopeStats struct {
-	Scope  string
-	Status Status
-	Rows   int64
-	// OldestLease is the earliest lease_until among processing rows (zero
-	// when none): a lease far in the past is a stuck key.
-	OldestLease time.Time
-}
-
-func (s *pgStore) stats(ctx context.Context, q querier) ([]ScopeStats, error) {
+func (s *rowStore) stats(ctx context.Context, q querier) ([]ScopeStats, error) {
 	rows, err := q.Query(ctx, s.statsSQL)
 	if err != nil {
 		return nil, err
@@ -524,27 +825,12 @@ func (s *pgStore) stats(ctx context.Context, q querier) ([]ScopeStats, error) {
 	})
 }
 
-func nullCode(c int) *int32 {
-	if c == 0 {
-		return nil
-	}
-	v := int32(c)
-	return &v
-}
-
-func nullHeader(h map[string][]string) any {
-	if len(h) == 0 {
-		return nil
-	}
-	return h
-}
-
-func (s *pgStore) live(ctx context.Context, q querier, scope, tenant string) (n int64, err error) {
+func (s *rowStore) live(ctx context.Context, q querier, scope, tenant string) (n int64, err error) {
 	err = q.QueryRow(ctx, s.liveSQL, scope, tenant).Scan(&n)
 	return n, err
 }
 
-func (s *pgStore) known(ctx context.Context, q querier, keys []Key) ([]Status, error) {
+func (s *rowStore) known(ctx context.Context, q querier, keys []Key) ([]Status, error) {
 	scopes, tenants, ids := make([]string, len(keys)), make([]string, len(keys)), make([]string, len(keys))
 	for i, k := range keys {
 		scopes[i], tenants[i], ids[i] = k.Scope, k.Tenant, k.ID
@@ -568,119 +854,47 @@ func (s *pgStore) known(ctx context.Context, q querier, keys []Key) ([]Status, e
 	return out, rows.Err()
 }
 
-// claimInSavepoint claims one key inside a savepoint of the caller's
-// transaction, in one round trip. When the key is not claimed the
-// savepoint is rolled back, which also releases the key's advisory lock,
-// and the row is looked up.
-func (s *pgStore) claimInSavepoint(ctx context.Context, tx pgx.Tx, req Request, ttl time.Duration) (claimRow, error) {
-	if err := s.detect(ctx, tx); err != nil {
-		return claimRow{}, err
+func nullCode(c int) *int32 {
+	if c == 0 {
+		return nil
 	}
-	return s.claimInSavepointOnce(ctx, tx, req, ttl, false)
+	v := int32(c)
+	return &v
 }
 
-// claimInSavepointOnce is claimInSavepoint; refreshed says the
-// transaction's partition list was just brought up to date (it is, at most
-// once per claim).
-func (s *pgStore) claimInSavepointOnce(ctx context.Context, tx pgx.Tx, req Request, ttl time.Duration, refreshed bool) (claimRow, error) {
-	var c claimedScan
-	claimed := false
-	b := &pgx.Batch{}
-	b.Queue("SAVEPOINT justonce_claim")
-	b.Queue(s.claimOneSQL, claimOneArgs(req, ttl, 0, "")...).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(c.dest()...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		claimed = err == nil
-		return err
-	})
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		if !s.buckets || !isNoPartition(err) || refreshed {
-			return claimRow{}, err
-		}
-		// A bucket opened since this transaction took the ledger's locks:
-		// bring its list of partitions up to date and claim again.
-		if _, err := tx.Exec(ctx, "ROLLBACK TO SAVEPOINT justonce_claim; RELEASE SAVEPOINT justonce_claim"); err != nil {
-			return claimRow{}, err
-		}
-		if err := s.refreshPartitions(ctx, tx, req.Key); err != nil {
-			return claimRow{}, err
-		}
-		return s.claimInSavepointOnce(ctx, tx, req, ttl, true)
+func nullHeader(h map[string][]string) any {
+	if len(h) == 0 {
+		return nil
 	}
-	if claimed {
-		if _, err := tx.Exec(ctx, "RELEASE SAVEPOINT justonce_claim"); err != nil {
-			return claimRow{}, err
-		}
-		return claimRow{claimed: true, rec: c.record(req, 0, ""), live: true}, nil
-	}
-	var ls recordScan
-	found := false
-	b = &pgx.Batch{}
-	b.Queue("ROLLBACK TO SAVEPOINT justonce_claim")
-	b.Queue("RELEASE SAVEPOINT justonce_claim")
-	queueLookup(b, s.lookupSQL, req.Key, ls.dest(), &found)
-	if err := tx.SendBatch(ctx, b).Close(); err != nil {
-		return claimRow{}, err
-	}
-	if !found {
-		return claimRow{}, nil
-	}
-	rec, live, _ := ls.record(req.Key)
-	return claimRow{rec: rec, live: live}, nil
+	return h
 }
 
-// queueLookup queues on b sql, a look-up of k by its scope, tenant and ID;
-// once the batch has run, found says whether k has a row, scanned into
-// dest.
-func queueLookup(b *pgx.Batch, sql string, k Key, dest []any, found *bool) {
-	b.Queue(sql, k.Scope, k.Tenant, k.ID).QueryRow(func(row pgx.Row) error {
-		err := row.Scan(dest...)
-		if errors.Is(err, pgx.ErrNoRows) {
-			return nil
-		}
-		*found = err == nil
-		return err
-	})
-}
-
-// takeover reports whether a claim may take over the existing row rec:
-// its retention expired, or (lease mode) its lease lapsed and the
-// fingerprints agree. The claim statements test the same in SQL.
-func takeover(rec *Record, live, leased bool, fp []byte) bool {
-	if !live {
-		return true
+// insertManyWith is insertMany with sql, the layout's batch INSERT, whose
+// arguments are the same on both layouts, and extra after them.
+func insertManyWith(sql string, p insertManyParams, extra ...any) (*queuedStmt, error) {
+	args, err := insertManyArgs(p)
+	if err != nil {
+		return nil, err
 	}
-	return rec.Status == StatusProcessing && !rec.LeaseUntil.IsZero() && !leased &&
-		(fp == nil || rec.Fingerprint == nil || string(fp) == string(rec.Fingerprint))
+	return &queuedStmt{sql: sql, args: append(args, extra...)}, nil
 }
 
-// queueInsertDone adds sql, the statement that writes a claimed key's row
-// (shardSQL.insert), complete, with the commit (the write-once path).
-func (s *pgStore) queueInsertDone(b *pgx.Batch, sql string, r Request, ttl time.Duration, res Result, d time.Duration) {
-	b.Queue(sql, r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal,
-		nullCode(res.Code), nullHeader(res.Header), res.Body, d.Microseconds(), ttl.Microseconds())
-}
-
-// insertManyArgs are insertManySQL's arguments for the requests reqs[i]
-// of idx with their results (nil: none) and run time each.
-func insertManyArgs(reqs []Request, idx []int, results []Result, ttl func(Request) time.Duration, d time.Duration) ([]any, error) {
-	n := len(idx)
+func insertManyArgs(p insertManyParams) ([]any, error) {
+	n := len(p.idx)
 	scopes, tenants, ids := make([]string, n), make([]string, n), make([]string, n)
 	fps, bodies := make([][]byte, n), make([][]byte, n)
 	sources, principals := make([]string, n), make([]string, n)
 	codes, headers := make([]*int32, n), make([]*string, n)
 	durs, ttls := make([]int64, n), make([]int64, n)
-	for j, i := range idx {
-		r := reqs[i]
+	for j, i := range p.idx {
+		r := p.reqs[i]
 		scopes[j], tenants[j], ids[j] = r.Scope, r.Tenant, r.ID
 		fps[j], sources[j], principals[j] = r.Fingerprint, string(r.Source), r.Principal
-		durs[j], ttls[j] = d.Microseconds(), ttl(r).Microseconds()
-		if results == nil {
+		durs[j], ttls[j] = p.took.Microseconds(), p.ttl(r).Microseconds()
+		if p.results == nil {
 			continue
 		}
-		res := results[j]
+		res := p.results[j]
 		codes[j], bodies[j] = nullCode(res.Code), res.Body
 		if len(res.Header) > 0 {
 			h, err := json.Marshal(res.Header)
@@ -705,33 +919,11 @@ func isKeyConflict(err error) bool {
 		strings.HasPrefix(pgErr.ConstraintName, "processed_events") && strings.HasSuffix(pgErr.ConstraintName, "pkey")
 }
 
-// rowCols are the columns of a row named x that recordScan reads.
-const rowCols = `x.status, x.fingerprint, x.source, x.principal, x.lease_owner, x.lease_until,
-		x.fencing_token, x.attempts, x.response_code, x.response_headers, x.response_body, x.error,
-		x.duration_us, x.created_at, x.completed_at, x.expires_at`
-
-// lookupCols are the columns a look-up returns for recordScan: rowCols,
-// and whether the row and its lease are live at now().
-const lookupCols = rowCols + `, x.expires_at > now(), x.lease_until > now()`
-
-// collectClaimLookup reads lookupManySQL's rows: the existing row of each
-// request that has one (claimed is left false).
-func (s *pgStore) collectClaimLookup(rows pgx.Rows, reqs []Request) ([]claimRow, error) {
-	defer rows.Close()
-	out := make([]claimRow, len(reqs))
-	for rows.Next() {
-		var cr claimRow
-		var sc recordScan
-		dest := append([]any{&cr.ord}, sc.dest()...)
-		if err := rows.Scan(dest...); err != nil {
-			return nil, err
-		}
-		i := int(cr.ord) - 1
-		if i < 0 || i >= len(reqs) {
-			return nil, fmt.Errorf("look-up returned ordinal %d of %d", cr.ord, len(reqs))
-		}
-		cr.rec, cr.live, cr.leased = sc.record(reqs[i].Key)
-		out[i] = cr
-	}
-	return out, rows.Err()
+// isNoPartition reports whether err is Postgres finding no partition for a
+// row written through the partitioned table: on the time-bucket layout, a
+// row meant for a bucket opened after the session last brought its cached
+// list of partitions up to date (see bucketStore.refreshPartitions).
+func isNoPartition(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.HasPrefix(pgErr.Message, "no partition of relation")
 }
