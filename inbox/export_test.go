@@ -46,3 +46,13 @@ func (l *Ledger) DropAtOnce(ctx context.Context) error {
 	}
 	return nil
 }
+
+// RowColumns are the columns a look-up reads for a row (rowCols), in
+// order, for tests.
+func RowColumns() []string {
+	var names []string
+	for _, c := range strings.Split(rowCols, ",") {
+		names = append(names, strings.TrimPrefix(strings.TrimSpace(c), "x."))
+	}
+	return names
+}
