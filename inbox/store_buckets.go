@@ -227,11 +227,10 @@ func (s *bucketStore) purge(ctx context.Context, pool *pgxpool.Pool, _ int) (n i
 
 // claimInRun is DoEach's claim on the time-bucket layout, inside the
 // savepoint justonce_each that b (not yet sent) opens, in one round trip
-// for a new key: the key's lock (recorded in a
-// transaction-local setting), then, in a statement of its own, the key's
-// claim row written into its shard's newest bucket if no bucket of the
-// shard (named from the view) has the key and the setting says the lock is
-// ours. A key that is not new is then looked up, and a row to take over
+// for a new key: the key's lock (recorded in a transaction-local setting),
+// then, in a statement of its own, the key's claim row written into its
+// shard's newest bucket if no bucket of the shard (named from the view)
+// has the key and the setting says the lock is ours. A key that is not new is then looked up, and a row to take over
 // goes through the layout's claim function. A stale view (a bucket opened
 // since it was loaded) rolls the savepoint back and claims again with a
 // fresh view; a bucket detached or dropped since is pruned from the
