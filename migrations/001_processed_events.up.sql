@@ -5,9 +5,6 @@
 
 CREATE SEQUENCE IF NOT EXISTS processed_events_fencing_seq AS bigint;
 
--- The one declaration of the ledger's columns: the time-bucket layout
--- (migrations.LayoutTimeBuckets) builds its partitioned table from this
--- CREATE TABLE, so keep one column a line, the constraints after them.
 CREATE TABLE IF NOT EXISTS processed_events (
     -- Keys are opaque byte strings: "C" collation compares bytes, which is
     -- both the right equality and the cheapest ordering for the index.

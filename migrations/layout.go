@@ -361,7 +361,10 @@ FROM {OLD} WHERE expires_at > now() OR (status = 'processing' AND lease_until > 
 }
 
 // plainTableFile declares processed_events: its CREATE TABLE is the one
-// place the ledger's columns are written.
+// place the ledger's columns are written. It stays as it was released
+// (users copy it, and tools that keep checksums of applied migrations
+// would refuse an edited one); parseTable reads it as it is: a column or a
+// comment a line, then the constraints.
 const plainTableFile = "001_processed_events.up.sql"
 
 // tableParts is processed_events as plainTableFile declares it.
