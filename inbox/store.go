@@ -18,7 +18,8 @@ import (
 	"github.com/justonce/justonce/internal/ledgerkey"
 )
 
-// The ledger's SQL lives in three files, and nowhere else in the package:
+// The ledger's SQL lives in three files, and nowhere else in the package
+// (but its tests):
 //
 //   - store.go (this file): the store interface the ledger's logic calls,
 //     the statements both layouts run alike (rowStore), transaction
@@ -575,6 +576,16 @@ type doClaim struct {
 	found                bool // the key has a row, in row
 	row                  recordScan
 }
+
+// errNotReadCommitted is Do's refusal of a transaction stricter than READ
+// COMMITTED on the time-bucket layout (doClaim.readCommitted false), with
+// the SQLSTATE the layout's SQL functions raise for it.
+var errNotReadCommitted = &pgconn.PgError{Severity: "ERROR", Code: "0A000",
+	Message: "justonce: the time-bucket ledger claims only in READ COMMITTED transactions"}
+
+// errStaleView is the claim's error when the bucket view was stale
+// (doClaim.fresh false) and the retries ran out.
+var errStaleView = errors.New("the ledger's bucket list changed during the claim")
 
 // queueInsertDone queues the claimed key's row, with p.insert, the
 // layout's statement: the same arguments on both layouts.

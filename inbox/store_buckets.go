@@ -773,13 +773,3 @@ func (s *bucketStore) checkTTL(ttl time.Duration) error {
 	return &pgconn.PgError{Severity: "ERROR", Code: "22023",
 		Message: fmt.Sprintf("justonce: TTL of %s exceeds the ledger's MaxTTL of %s", ttl, s.maxTTL)}
 }
-
-// errNotReadCommitted is Do's refusal of a transaction stricter than READ
-// COMMITTED on the time-bucket layout, with the SQLSTATE the layout's SQL
-// functions raise for it.
-var errNotReadCommitted = &pgconn.PgError{Severity: "ERROR", Code: "0A000",
-	Message: "justonce: the time-bucket ledger claims only in READ COMMITTED transactions"}
-
-// errStaleView is the claim's error when the bucket view was stale and
-// the retries ran out.
-var errStaleView = errors.New("the ledger's bucket list changed during the claim")
