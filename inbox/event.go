@@ -32,7 +32,7 @@ type queuedStmt struct {
 	args []any
 }
 
-func (q *queuedStmt) queue(b *pgx.Batch) { b.Queue(q.sql, q.args...) }
+func (q queuedStmt) queue(b *pgx.Batch) { b.Queue(q.sql, q.args...) }
 
 // withEventAtCommit is WithEvent for a handler whose ledger sends the
 // statements queued with AtCommit in its commit's round trip.

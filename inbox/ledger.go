@@ -752,25 +752,30 @@ func (l *Ledger) batchOnce(ctx context.Context, conn *pgx.Conn, s ledgerStore, r
 		return false, fmt.Errorf("justonce/inbox: batch handler returned %d results for %d requests", len(results), len(fresh))
 	}
 	d := time.Since(start) / time.Duration(len(fresh))
-	var newIdx []int // reqs indexes of the rows to insert
+	// The rows to insert, by their uniq positions: the store is given
+	// uniq, not the caller's reqs, which would then escape to the heap.
+	newU := make([]int, 0, len(freshU))
 	var newRes []Result
+	if results != nil {
+		newRes = make([]Result, 0, len(freshU))
+	}
 	for j, u := range freshU {
 		if isNew[u] {
-			newIdx = append(newIdx, fresh[j])
+			newU = append(newU, u)
 			if results != nil {
 				newRes = append(newRes, results[j])
 			}
 		}
 	}
-	var insert *queuedStmt
-	if len(newIdx) > 0 {
-		if insert, err = s.insertMany(insertManyParams{reqs: reqs, idx: newIdx, results: newRes, ttl: l.ttl, took: d}); err != nil {
+	var insert queuedStmt
+	if len(newU) > 0 {
+		if insert, err = s.insertMany(insertManyParams{reqs: uniq, idx: newU, results: newRes, ttl: l.ttl, took: d}); err != nil {
 			rollback(conn)
 			return false, fmt.Errorf("justonce/inbox: batch result: %w", err)
 		}
 	}
 	err = l.commit(ctx, conn, func(b *pgx.Batch) {
-		if insert != nil {
+		if len(newU) > 0 {
 			insert.queue(b)
 		}
 		for j, i := range fresh {

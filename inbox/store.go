@@ -71,7 +71,7 @@ type ledgerStore interface {
 	takeOverMany(ctx context.Context, conn *pgx.Conn, reqs []Request, ttl func(Request) time.Duration) ([]claimRow, error)
 	// insertMany returns the statement that writes the new keys' rows of
 	// a batch, complete, with the commit.
-	insertMany(p insertManyParams) (*queuedStmt, error)
+	insertMany(p insertManyParams) (queuedStmt, error)
 
 	// claimInRun claims one request of a DoEach run inside the savepoint
 	// justonce_each that b (not yet sent) opens. A key claimed leaves its
@@ -882,12 +882,12 @@ func nullHeader(h map[string][]string) any {
 
 // insertManyWith is insertMany with sql, the layout's batch INSERT, whose
 // arguments are the same on both layouts, and extra after them.
-func insertManyWith(sql string, p insertManyParams, extra ...any) (*queuedStmt, error) {
+func insertManyWith(sql string, p insertManyParams, extra ...any) (queuedStmt, error) {
 	args, err := insertManyArgs(p)
 	if err != nil {
-		return nil, err
+		return queuedStmt{}, err
 	}
-	return &queuedStmt{sql: sql, args: append(args, extra...)}, nil
+	return queuedStmt{sql: sql, args: append(args, extra...)}, nil
 }
 
 func insertManyArgs(p insertManyParams) ([]any, error) {

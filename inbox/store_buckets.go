@@ -180,7 +180,7 @@ func (s *bucketStore) takeOverMany(ctx context.Context, conn *pgx.Conn, reqs []R
 }
 
 // insertMany: each row goes into its shard's newest bucket.
-func (s *bucketStore) insertMany(p insertManyParams) (*queuedStmt, error) {
+func (s *bucketStore) insertMany(p insertManyParams) (queuedStmt, error) {
 	return insertManyWith(s.insertManySQL, p, s.shardsOf(p.reqs, p.idx))
 }
 

@@ -172,7 +172,7 @@ func (s *plainStore) takeOverMany(ctx context.Context, conn *pgx.Conn, reqs []Re
 	return takeOverManyWith(ctx, conn, s.claimSQL, reqs, ttl)
 }
 
-func (s *plainStore) insertMany(p insertManyParams) (*queuedStmt, error) {
+func (s *plainStore) insertMany(p insertManyParams) (queuedStmt, error) {
 	return insertManyWith(s.insertManySQL, p)
 }
 
