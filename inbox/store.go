@@ -215,13 +215,20 @@ type querier interface {
 // storeSlot holds a ledger's store, chosen at its first use: the layout is
 // found out from the database, once.
 type storeSlot struct {
-	rows  *rowStore // valid on both layouts, at once
+	rows *rowStore // valid on both layouts, at once
+	// plain is built with the ledger, so that its first claim on the
+	// plain layout builds no statement (only the time-bucket layout's
+	// are built then, on that layout).
+	plain *plainStore
 	ready atomic.Bool
 	mu    sync.Mutex
 	s     ledgerStore // set once ready
 }
 
-func newStoreSlot(schema string) *storeSlot { return &storeSlot{rows: newRowStore(schema)} }
+func newStoreSlot(schema string) *storeSlot {
+	rows := newRowStore(schema)
+	return &storeSlot{rows: rows, plain: newPlainStore(rows)}
+}
 
 // get returns the layout's store, finding out the layout on q at the
 // first call.
@@ -234,7 +241,7 @@ func (o *storeSlot) get(ctx context.Context, q querier) (ledgerStore, error) {
 	if o.ready.Load() {
 		return o.s, nil
 	}
-	s, err := o.rows.open(ctx, q)
+	s, err := o.open(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("ledger layout: %w", err)
 	}
@@ -252,15 +259,15 @@ func (o *storeSlot) current() ledgerStore {
 }
 
 // open finds out the table's layout and returns its store.
-func (s *rowStore) open(ctx context.Context, q querier) (ledgerStore, error) {
+func (o *storeSlot) open(ctx context.Context, q querier) (ledgerStore, error) {
 	var kind string
-	if err := q.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`, s.table).Scan(&kind); err != nil {
+	if err := q.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`, o.rows.table).Scan(&kind); err != nil {
 		return nil, err
 	}
 	if kind == "p" {
-		return openBucketStore(ctx, q, s)
+		return openBucketStore(ctx, q, o.rows)
 	}
-	return newPlainStore(s), nil
+	return o.plain, nil
 }
 
 // rowStore holds the statements both layouts run alike: those on one
