@@ -20,7 +20,10 @@ func (l *Ledger) RedisKeys(k Key) (res, lock string) { return l.fast.keys(k) }
 // at (zero without a view), and makes every claim from now on load the view
 // again, for tests.
 func (l *Ledger) ViewDBTime() time.Time {
-	s, ok := l.store.current().(*bucketStore)
+	if !l.store.ready.Load() {
+		return time.Time{}
+	}
+	s, ok := l.store.s.(*bucketStore)
 	if !ok {
 		return time.Time{}
 	}

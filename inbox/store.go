@@ -250,14 +250,6 @@ func (o *storeSlot) get(ctx context.Context, q querier) (ledgerStore, error) {
 	return s, nil
 }
 
-// current returns the layout's store, or nil before the first get.
-func (o *storeSlot) current() ledgerStore {
-	if o.ready.Load() {
-		return o.s
-	}
-	return nil
-}
-
 // open finds out the table's layout and returns its store.
 func (o *storeSlot) open(ctx context.Context, q querier) (ledgerStore, error) {
 	var kind string
