@@ -26,10 +26,13 @@ type eventRun struct {
 	queued    []queuedStmt
 }
 
+// queuedStmt is a statement to queue on a later batch.
 type queuedStmt struct {
 	sql  string
 	args []any
 }
+
+func (q queuedStmt) queue(b *pgx.Batch) { b.Queue(q.sql, q.args...) }
 
 // withEventAtCommit is WithEvent for a handler whose ledger sends the
 // statements queued with AtCommit in its commit's round trip.
@@ -52,12 +55,12 @@ func (r *eventRun) flush(b *pgx.Batch) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	for _, q := range r.queued {
-		b.Queue(q.sql, q.args...)
+		q.queue(b)
 	}
 	r.queued = nil
 }
 
-// AtCommit queues a write (an INSERT whose result the handler does not
+// AtCommit queues a write (an insert whose result the handler does not
 // need) to run in tx just before the ledger commits it, in the commit's
 // round trip, and reports whether it did. It does so only inside a
 // handler that Ledger.Do runs, and only for the transaction Do gave that
@@ -65,7 +68,7 @@ func (r *eventRun) flush(b *pgx.Batch) {
 // statement would outlive); elsewhere it returns false and the caller runs
 // the statement itself. A queued statement that fails makes the commit
 // fail: nothing of the handler is recorded, and the event runs again. The
-// outbox queues its INSERT this way.
+// outbox queues its insert this way.
 func AtCommit(ctx context.Context, tx pgx.Tx, sql string, args ...any) bool {
 	r := runOf(ctx)
 	if r == nil || !r.deferring {

@@ -37,29 +37,20 @@ var ErrJanitorBusy = errors.New("justonce/inbox: another janitor is purging this
 // in the newest buckets, which grow.
 func (l *Ledger) Purge(ctx context.Context, cfg JanitorConfig) (deleted int64, err error) {
 	cfg.setDefaults()
-	if err := l.store.detect(ctx, l.pool); err != nil {
+	s, err := l.store.get(ctx, l.pool)
+	if err != nil {
 		return 0, storeErr("purge", err)
 	}
-	if l.store.buckets {
-		n, locked, err := l.store.maintainBuckets(ctx, l)
-		if err != nil {
-			return n, storeErr("purge", err)
-		}
-		if !locked {
-			return 0, ErrJanitorBusy
-		}
-		return n, nil
-	}
 	for {
-		n, locked, err := l.store.purge(ctx, l.pool, cfg.BatchSize)
+		n, more, locked, err := s.purge(ctx, l.pool, cfg.BatchSize)
+		deleted += n
 		if err != nil {
 			return deleted, storeErr("purge", err)
 		}
 		if !locked {
 			return deleted, ErrJanitorBusy
 		}
-		deleted += n
-		if n < int64(cfg.BatchSize) {
+		if !more {
 			return deleted, nil
 		}
 		t := time.NewTimer(cfg.Pause)

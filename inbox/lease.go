@@ -19,6 +19,7 @@ import (
 // systems so they can reject a stale holder's writes.
 type Lease struct {
 	l     *Ledger
+	s     ledgerStore
 	req   Request
 	token int64
 	dur   time.Duration
@@ -44,12 +45,16 @@ func (l *Ledger) AcquireLease(ctx context.Context, req Request, d time.Duration)
 	}
 	var lease *Lease
 	out, err := l.withWait(ctx, req, func() (Outcome, error) {
-		cr, err := l.store.claimOne(ctx, l.pool, req, l.ttl(req), d, l.cfg.Owner)
+		s, err := l.store.get(ctx, l.pool)
+		var cr claimRow
+		if err == nil {
+			cr, err = s.claimLease(ctx, l.pool, claimParams{req: req, ttl: l.ttl(req), lease: d, owner: l.cfg.Owner})
+		}
 		if err != nil {
 			return Outcome{}, storeErr("claim", err)
 		}
 		if cr.claimed {
-			lease = &Lease{l: l, req: req, token: cr.rec.FencingToken, dur: d, start: time.Now()}
+			lease = &Lease{l: l, s: s, req: req, token: cr.rec.FencingToken, dur: d, start: time.Now()}
 			return Outcome{}, nil
 		}
 		return classify(req, cr), nil
@@ -67,7 +72,7 @@ func (ls *Lease) Token() int64 { return ls.token }
 // Renew extends the lease by its duration from now. ErrLeaseLost when the
 // key was taken over, released or completed.
 func (ls *Lease) Renew(ctx context.Context) error {
-	ok, err := ls.l.store.renew(ctx, ls.l.pool, ls.req.Key, ls.token, ls.dur)
+	ok, err := ls.s.renew(ctx, ls.l.pool, leaseParams{key: ls.req.Key, token: ls.token, lease: ls.dur})
 	return ls.check(ok, err, "renew")
 }
 
@@ -84,7 +89,7 @@ func (ls *Lease) Complete(ctx context.Context, res Result) error {
 	if ls.done {
 		return fmt.Errorf("%w: lease already finished", ErrLeaseLost)
 	}
-	ok, err := ls.l.store.leaseComplete(ctx, ls.l.pool, ls.req.Key, ls.token, res, time.Since(ls.start))
+	ok, err := ls.s.leaseComplete(ctx, ls.l.pool, leaseParams{key: ls.req.Key, token: ls.token, res: res, took: time.Since(ls.start)})
 	err = ls.check(ok, err, "complete")
 	if err == nil || errors.Is(err, ErrLeaseLost) {
 		ls.done = true
@@ -102,7 +107,7 @@ func (ls *Lease) Fail(ctx context.Context, cause error) error {
 	if cause != nil {
 		msg = cause.Error()
 	}
-	ok, err := ls.l.store.leaseFail(ctx, ls.l.pool, ls.req.Key, ls.token, msg, time.Since(ls.start))
+	ok, err := ls.s.leaseFail(ctx, ls.l.pool, leaseParams{key: ls.req.Key, token: ls.token, errText: msg, took: time.Since(ls.start)})
 	return ls.check(ok, err, "fail")
 }
 
@@ -112,7 +117,7 @@ func (ls *Lease) Abandon(ctx context.Context) error {
 	if err := ls.finish(); err != nil {
 		return err
 	}
-	ok, err := ls.l.store.leaseRelease(ctx, ls.l.pool, ls.req.Key, ls.token)
+	ok, err := ls.s.leaseAbandon(ctx, ls.l.pool, leaseParams{key: ls.req.Key, token: ls.token})
 	return ls.check(ok, err, "abandon")
 }
 
@@ -267,6 +272,6 @@ func (ls *Lease) CompleteRetrying(ctx context.Context, res Result, lost <-chan s
 // completedByUs reports whether the key is done under this lease's
 // fencing token: a completion that committed though its answer was lost.
 func (ls *Lease) completedByUs(ctx context.Context) bool {
-	rec, live, err := ls.l.store.lookup(ctx, ls.l.pool, ls.req.Key)
+	rec, live, err := ls.s.lookup(ctx, ls.l.pool, ls.req.Key)
 	return err == nil && live && rec != nil && rec.Status == StatusDone && rec.FencingToken == ls.token
 }

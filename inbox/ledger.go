@@ -101,7 +101,7 @@ func (c *Config) setDefaults() error {
 type Ledger struct {
 	pool  *pgxpool.Pool
 	cfg   Config
-	store *pgStore
+	store *storeSlot
 	fast  *redisFront // nil without Redis
 	stats counters
 }
@@ -115,7 +115,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Ledger, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	l := &Ledger{pool: pool, cfg: cfg, store: newPGStore(cfg.Schema)}
+	l := &Ledger{pool: pool, cfg: cfg, store: newStoreSlot(cfg.Schema)}
 	if cfg.Redis != nil {
 		l.fast = newRedisFront(*cfg.Redis, cfg.Logger, &l.stats)
 	}
@@ -237,14 +237,15 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 	// one on a server that refused a write as read-only is closed.
 	defer func() { releaseConn(pc, err) }()
 	conn := pc.Conn()
-	if err := l.store.detect(ctx, conn); err != nil { // the layout, at first use
+	s, err := l.store.get(ctx, conn) // the layout, at first use
+	if err != nil {
 		return Outcome{}, storeErr("claim", err)
 	}
 	// A row written by someone who did not hold the key's lock can refuse
 	// the commit's write: the transaction rolls back, and the claim is
 	// made again, which then finds that row.
 	for attempt := 1; ; attempt++ {
-		out, conflict, err := l.doWriteOnce(ctx, conn, req, fn)
+		out, conflict, err := l.doWriteOnce(ctx, conn, s, req, fn)
 		if !conflict || attempt == maxConflictRetries {
 			return out, err
 		}
@@ -255,73 +256,64 @@ func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcom
 // written without the key's lock, while its handler ran.
 const maxConflictRetries = 3
 
-// doWriteOnce is Do on the plain layout, writing the key's row once,
-// complete, with the commit:
+// doWriteOnce is Do, writing the key's row once, complete, with the
+// commit:
 //
 //	BEGIN; lock the key; look it up  -- one round trip
 //	fn(ctx, tx)                      -- the handler's
-//	INSERT the row; COMMIT           -- one round trip
+//	write the row; COMMIT            -- one round trip
 //
 // The key's advisory lock (a transaction lock) keeps every other claimer
 // out until the commit, and they answer InFlight, as they would for a row
 // not yet committed; the lock is released only after the commit is
 // visible. The look-up runs as a statement of its own after the lock is
 // taken, so its snapshot sees every row an earlier holder committed.
-// conflict reports that the row's INSERT met a row written without the
+// conflict reports that the row's write met a row written without the
 // lock (the transaction rolled back): claim again.
-func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, fn TxFunc) (out Outcome, conflict bool, err error) {
-	st, err := l.store.doStatements(ctx, conn, req.Key)
+func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, s ledgerStore, req Request, fn TxFunc) (out Outcome, conflict bool, err error) {
+	plan, err := s.planDo(ctx, conn, req.Key)
 	if err != nil {
 		return Outcome{}, false, storeErr("claim", err)
 	}
 	ttl := l.ttl(req)
-	if err := l.store.checkTTL(ttl); err != nil {
+	if err := s.checkTTL(ttl); err != nil {
 		return Outcome{}, false, storeErr("claim", err)
 	}
-	var locked bool
-	var now time.Time
-	var found bool
-	readCommitted, fresh := true, true
-	var ls recordScan
+	var c doClaim
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(st.lock, lockKey(req.Key)).QueryRow(func(row pgx.Row) error {
-		if l.store.buckets {
-			return row.Scan(&locked, &now, &readCommitted, &fresh)
-		}
-		return row.Scan(&locked, &now)
-	})
-	queueLookup(b, st.lookup, req.Key, ls.destAt(), &found)
+	b.Queue(sqlBegin)
+	s.queueClaim(b, plan, req.Key, &c)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		rollback(conn)
 		return Outcome{}, false, storeErr("claim", err)
 	}
-	if !readCommitted {
+	if !c.readCommitted {
 		// The look-up's snapshot would predate the key's lock.
 		rollback(conn)
 		return Outcome{}, false, storeErr("claim", errNotReadCommitted)
 	}
-	if !fresh {
-		// The key's shard has a bucket newer than the view's: the look-up
-		// did not look there. Claim again with a fresh view.
+	if !c.fresh {
+		// The key's shard has a bucket newer than the plan's: the look-up
+		// did not look there. Claim again with a fresh plan.
 		endTx(ctx, conn)
-		l.store.invalidateView()
+		s.forgetPlans()
 		return Outcome{}, true, storeErr("claim", errStaleView)
 	}
+	now := c.now
 	var rec *Record
 	var live, leased bool
-	if found {
-		rec, live, leased = ls.recordAt(req.Key, now)
+	if c.found {
+		rec, live, leased = c.row.recordAt(req.Key, now)
 	}
 	switch {
-	case !locked:
+	case !c.locked:
 		// Another caller holds the key (or one sharing its lock).
 		endTx(ctx, conn)
 		return classify(req, claimRow{rec: rec, live: live}), false, nil
 	case rec != nil && takeover(rec, live, leased, req.Fingerprint):
 		// Take over an expired row or a lapsed lease: rare, so through the
 		// claim statement (the lock is ours already) and a completion.
-		return l.takeOver(ctx, conn, req, fn)
+		return l.takeOver(ctx, conn, s, req, fn)
 	case rec != nil:
 		endTx(ctx, conn)
 		return classify(req, claimRow{rec: rec, live: live}), false, nil
@@ -336,10 +328,9 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 	took := time.Since(start)
 	if err := l.commit(ctx, conn, func(b *pgx.Batch) {
 		run.flush(b)
-		l.store.queueInsertDone(b, st.insert, req, ttl, res, took)
+		s.queueInsertDone(b, plan, doneRow{req: req, ttl: ttl, res: res, took: took})
 	}); err != nil {
-		if isStaleView(err) { // the shard's bucket changed while fn ran
-			l.store.invalidateView()
+		if s.planStale(err) { // the shard's bucket changed while fn ran
 			return Outcome{}, true, err
 		}
 		return Outcome{}, isKeyConflict(err), err
@@ -357,9 +348,8 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, req Request, f
 // holder may take over (on the time-bucket layout the claim moves the row
 // to its shard's newest bucket), then runs fn and records its result with an
 // update.
-func (l *Ledger) takeOver(ctx context.Context, conn *pgx.Conn, req Request, fn TxFunc) (Outcome, bool, error) {
-	var c claimedScan
-	err := conn.QueryRow(ctx, l.store.claimOneSQL, claimOneArgs(req, l.ttl(req), 0, "")...).Scan(c.dest()...)
+func (l *Ledger) takeOver(ctx context.Context, conn *pgx.Conn, s ledgerStore, req Request, fn TxFunc) (Outcome, bool, error) {
+	c, err := s.takeOver(ctx, conn, claimParams{req: req, ttl: l.ttl(req)})
 	if errors.Is(err, pgx.ErrNoRows) {
 		// The row changed since the look-up (written without the lock):
 		// claim again.
@@ -370,13 +360,13 @@ func (l *Ledger) takeOver(ctx context.Context, conn *pgx.Conn, req Request, fn T
 		rollback(conn)
 		return Outcome{}, false, storeErr("claim", err)
 	}
-	out, err := l.runClaimed(ctx, conn, req, c.record(req, 0, ""), fn)
+	out, err := l.runClaimed(ctx, conn, s, req, c.record(req, 0, ""), fn)
 	return out, false, err
 }
 
 // runClaimed runs fn for a key whose row the open transaction has
 // written, and records fn's result (if any) with the commit.
-func (l *Ledger) runClaimed(ctx context.Context, conn *pgx.Conn, req Request, rec *Record, fn TxFunc) (Outcome, error) {
+func (l *Ledger) runClaimed(ctx context.Context, conn *pgx.Conn, s ledgerStore, req Request, rec *Record, fn TxFunc) (Outcome, error) {
 	start := time.Now()
 	hctx, run := withEventAtCommit(ctx, req.Key)
 	res, err := runHandler(hctx, conn, fn)
@@ -389,7 +379,7 @@ func (l *Ledger) runClaimed(ctx context.Context, conn *pgx.Conn, req Request, re
 		// An empty result needs no second write: the claimed row is
 		// already done, stamped at claim time.
 		if !res.IsZero() || l.cfg.RecordDuration {
-			l.store.queueComplete(b, req.Key, res, took)
+			s.queueComplete(b, completion{key: req.Key, res: res, took: took})
 		}
 	}); err != nil {
 		return Outcome{}, err
@@ -458,7 +448,7 @@ func (l *Ledger) commit(ctx context.Context, conn *pgx.Conn, queue func(*pgx.Bat
 	b := &pgx.Batch{}
 	queue(b)
 	n := b.Len()
-	b.Queue("COMMIT")
+	b.Queue(sqlCommit)
 	br := conn.SendBatch(ctx, b)
 	var err error
 	for i := 0; i < n && err == nil; i++ {
@@ -502,7 +492,7 @@ func rollback(conn *pgx.Conn) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := conn.Exec(ctx, "ROLLBACK"); err != nil {
+	if _, err := conn.Exec(ctx, sqlRollback); err != nil {
 		_ = conn.Close(ctx)
 	}
 }
@@ -514,7 +504,7 @@ func endTx(ctx context.Context, conn *pgx.Conn) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
 	defer cancel()
 	b := &pgx.Batch{}
-	b.Queue("ROLLBACK")
+	b.Queue(sqlRollback)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
 		rollback(conn)
 	}
@@ -554,24 +544,19 @@ func copyOutcome(req Request, firstFP []byte, o Outcome) Outcome {
 	return o
 }
 
-func fingerprintDiffers(a, b []byte) bool {
-	return a != nil && b != nil && string(a) != string(b)
+// takeover reports whether a claim may take over the existing row rec:
+// its retention expired, or (lease mode) its lease lapsed and the
+// fingerprints agree. The claim statements test the same in SQL.
+func takeover(rec *Record, live, leased bool, fp []byte) bool {
+	if !live {
+		return true
+	}
+	return rec.Status == StatusProcessing && !rec.LeaseUntil.IsZero() && !leased &&
+		(fp == nil || rec.Fingerprint == nil || string(fp) == string(rec.Fingerprint))
 }
 
-func claimArgs(reqs []Request, ttl func(Request) time.Duration, lease time.Duration, owner string) []any {
-	n := len(reqs)
-	scopes, tenants, ids := make([]string, n), make([]string, n), make([]string, n)
-	fps := make([][]byte, n)
-	sources, principals := make([]string, n), make([]string, n)
-	ttls, locks := make([]int64, n), make([]int64, n)
-	for i, r := range reqs {
-		scopes[i], tenants[i], ids[i] = r.Scope, r.Tenant, r.ID
-		fps[i] = r.Fingerprint
-		sources[i], principals[i] = string(r.Source), r.Principal
-		ttls[i] = ttl(r).Microseconds()
-		locks[i] = lockKey(r.Key)
-	}
-	return []any{scopes, tenants, ids, fps, sources, principals, ttls, locks, lease.Microseconds(), owner}
+func fingerprintDiffers(a, b []byte) bool {
+	return a != nil && b != nil && string(a) != string(b)
 }
 
 // DoTx is Do inside a transaction the caller already has open: it claims
@@ -593,7 +578,11 @@ func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, req Request, fn TxFunc) (O
 	// savepoint back releases the key's advisory lock at once, so the
 	// caller's transaction does not hold other callers of that key off
 	// until it ends.
-	cr, err := l.store.claimInSavepoint(ctx, tx, req, l.ttl(req))
+	s, err := l.store.get(ctx, tx)
+	var cr claimRow
+	if err == nil {
+		cr, err = s.claimInSavepoint(ctx, tx, claimParams{req: req, ttl: l.ttl(req)})
+	}
 	if err != nil {
 		err = storeErr("claim", err)
 		l.observe(req, Outcome{}, err)
@@ -613,7 +602,7 @@ func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, req Request, fn TxFunc) (O
 	// An empty result needs no second write: the claimed row is already
 	// done, stamped at claim time.
 	if !res.IsZero() || l.cfg.RecordDuration {
-		if err := l.store.complete(ctx, tx, req.Key, res, time.Since(start)); err != nil {
+		if err := s.complete(ctx, tx, completion{key: req.Key, res: res, took: time.Since(start)}); err != nil {
 			err = storeErr("complete", err)
 			l.observe(req, Outcome{}, err)
 			return Outcome{}, err
@@ -663,17 +652,18 @@ func (l *Ledger) DoBatch(ctx context.Context, reqs []Request, fn BatchFunc) ([]O
 	var failed error
 	defer func() { releaseConn(pc, failed) }()
 	conn := pc.Conn()
-	if err := l.store.detect(ctx, conn); err != nil { // the layout, at first use
+	s, err := l.store.get(ctx, conn) // the layout, at first use
+	if err != nil {
 		return nil, storeErr("claim", err)
 	}
 	for _, r := range uniq {
-		if err := l.store.checkTTL(l.ttl(r)); err != nil {
+		if err := s.checkTTL(l.ttl(r)); err != nil {
 			return nil, storeErr("claim", err)
 		}
 	}
 
 	for attempt := 1; ; attempt++ {
-		conflict, err := l.batchOnce(ctx, conn, reqs, uniq, uniqIdx, outs, fn)
+		conflict, err := l.batchOnce(ctx, conn, s, reqs, uniq, uniqIdx, outs, fn)
 		if err == nil {
 			break
 		}
@@ -700,15 +690,15 @@ func (l *Ledger) DoBatch(ctx context.Context, reqs []Request, fn BatchFunc) ([]O
 // reqs), runs fn with the fresh ones and commits, filling outs at
 // uniqIdx. The claim locks every key in one statement and looks them up
 // in a second (one round trip with BEGIN), and the new keys' rows are
-// written once, complete, by one INSERT with the commit; conflict reports
-// that this INSERT met a row written without its key's lock (rolled back:
+// written once, complete, by one statement with the commit; conflict
+// reports that it met a row written without its key's lock (rolled back:
 // claim again). Rows to take over go through the claim statement.
-func (l *Ledger) batchOnce(ctx context.Context, conn *pgx.Conn, reqs, uniq []Request, uniqIdx []int, outs []Outcome, fn BatchFunc) (conflict bool, err error) {
+func (l *Ledger) batchOnce(ctx context.Context, conn *pgx.Conn, s ledgerStore, reqs, uniq []Request, uniqIdx []int, outs []Outcome, fn BatchFunc) (conflict bool, err error) {
 	// isNew marks the uniq positions claimed by the lock alone (their rows
 	// are written with the commit); the others claimed wrote their rows.
 	isNew := make([]bool, len(uniq))
-	rows, now, err := l.lockMany(ctx, conn, uniq) // per uniq
-	var over []int                                // locked, with a row that may be taken over
+	rows, now, err := l.lockMany(ctx, conn, s, uniq) // per uniq
+	var over []int                                   // locked, with a row that may be taken over
 	for u := range rows {
 		cr := &rows[u]
 		switch {
@@ -726,7 +716,7 @@ func (l *Ledger) batchOnce(ctx context.Context, conn *pgx.Conn, reqs, uniq []Req
 			sub[j] = uniq[u]
 		}
 		var taken []claimRow
-		if taken, err = l.claimMany(ctx, conn, false, sub); err == nil {
+		if taken, err = s.takeOverMany(ctx, conn, sub, l.ttl); err == nil {
 			for j, u := range over {
 				rows[u] = taken[j]
 			}
@@ -766,33 +756,31 @@ func (l *Ledger) batchOnce(ctx context.Context, conn *pgx.Conn, reqs, uniq []Req
 		return false, fmt.Errorf("justonce/inbox: batch handler returned %d results for %d requests", len(results), len(fresh))
 	}
 	d := time.Since(start) / time.Duration(len(fresh))
-	var newIdx []int // reqs indexes of the rows to insert
+	// The rows to insert, by their uniq positions: the store is given
+	// uniq, not the caller's reqs, which would then escape to the heap.
+	newU := make([]int, 0, len(freshU))
 	var newRes []Result
+	if results != nil {
+		newRes = make([]Result, 0, len(freshU))
+	}
 	for j, u := range freshU {
 		if isNew[u] {
-			newIdx = append(newIdx, fresh[j])
+			newU = append(newU, u)
 			if results != nil {
 				newRes = append(newRes, results[j])
 			}
 		}
 	}
-	var insertArgs []any
-	if len(newIdx) > 0 {
-		if insertArgs, err = insertManyArgs(reqs, newIdx, newRes, l.ttl, d); err != nil {
+	var insert queuedStmt
+	if len(newU) > 0 {
+		if insert, err = s.insertMany(insertManyParams{reqs: uniq, idx: newU, results: newRes, ttl: l.ttl, took: d}); err != nil {
 			rollback(conn)
 			return false, fmt.Errorf("justonce/inbox: batch result: %w", err)
 		}
-		if l.store.buckets { // each row goes into its shard's newest bucket
-			shards := make([]int32, len(newIdx))
-			for j, i := range newIdx {
-				shards[j] = int32(shardOf(reqs[i].Key, l.store.shards))
-			}
-			insertArgs = append(insertArgs, shards)
-		}
 	}
 	err = l.commit(ctx, conn, func(b *pgx.Batch) {
-		if insertArgs != nil {
-			b.Queue(l.store.insertManySQL, insertArgs...)
+		if len(newU) > 0 {
+			insert.queue(b)
 		}
 		for j, i := range fresh {
 			if isNew[freshU[j]] {
@@ -803,7 +791,7 @@ func (l *Ledger) batchOnce(ctx context.Context, conn *pgx.Conn, reqs, uniq []Req
 				res = results[j]
 			}
 			if !res.IsZero() {
-				l.store.queueComplete(b, reqs[i].Key, res, d)
+				s.queueComplete(b, completion{key: reqs[i].Key, res: res, took: d})
 			}
 		}
 	})
@@ -828,72 +816,19 @@ func (l *Ledger) batchOnce(ctx context.Context, conn *pgx.Conn, reqs, uniq []Req
 	return false, nil
 }
 
-// claimMany runs the batch claim statement for reqs; begin pipelines
-// BEGIN with it.
-func (l *Ledger) claimMany(ctx context.Context, conn *pgx.Conn, begin bool, reqs []Request) ([]claimRow, error) {
-	b := &pgx.Batch{}
-	if begin {
-		b.Queue("BEGIN")
-	}
-	b.Queue(l.store.claimSQL, claimArgs(reqs, l.ttl, 0, "")...)
-	br := conn.SendBatch(ctx, b)
-	var err error
-	if begin {
-		_, err = br.Exec()
-	}
-	var rows []claimRow
-	if err == nil {
-		var qr pgx.Rows
-		if qr, err = br.Query(); err == nil {
-			rows, err = l.store.collectClaim(qr, reqs)
-		}
-	}
-	if cerr := br.Close(); err == nil {
-		err = cerr
-	}
-	return rows, err
-}
-
 // lockMany opens the transaction, takes the keys' advisory locks and then
 // looks the keys up, in one round trip. claimed says the lock was taken;
 // rec is the key's row, if any.
-func (l *Ledger) lockMany(ctx context.Context, conn *pgx.Conn, reqs []Request) ([]claimRow, time.Time, error) {
-	n := len(reqs)
-	locks := make([]int64, n)
-	scopes, tenants, ids := make([]string, n), make([]string, n), make([]string, n)
-	for i, r := range reqs {
-		locks[i] = lockKey(r.Key)
-		scopes[i], tenants[i], ids[i] = r.Scope, r.Tenant, r.ID
-	}
-	var locked []bool
-	var now time.Time
+func (l *Ledger) lockMany(ctx context.Context, conn *pgx.Conn, s ledgerStore, reqs []Request) ([]claimRow, time.Time, error) {
+	var a lockManyAnswer
 	b := &pgx.Batch{}
-	b.Queue("BEGIN")
-	b.Queue(l.store.lockManySQL, locks).QueryRow(func(row pgx.Row) error { return row.Scan(&locked, &now) })
-	rows := make([]claimRow, n)
-	args := []any{scopes, tenants, ids}
-	if l.store.buckets { // the look-up probes each key's shard only
-		shards := make([]int32, n)
-		for i, r := range reqs {
-			shards[i] = int32(shardOf(r.Key, l.store.shards))
-		}
-		args = append(args, shards)
-	}
-	b.Queue(l.store.lookupManySQL, args...).Query(func(qr pgx.Rows) error {
-		got, err := l.store.collectClaimLookup(qr, reqs)
-		copy(rows, got)
-		return err
-	})
+	b.Queue(sqlBegin)
+	s.queueLockMany(b, reqs, &a)
 	if err := conn.SendBatch(ctx, b).Close(); err != nil {
-		return nil, now, err
+		return nil, a.now, err
 	}
-	if len(locked) != n {
-		return nil, now, fmt.Errorf("lock returned %d answers for %d keys", len(locked), n)
-	}
-	for i := range rows {
-		rows[i].claimed = locked[i]
-	}
-	return rows, now, nil
+	rows, err := a.result()
+	return rows, a.now, err
 }
 
 // Lookup returns the live row for k, or ErrNotFound (absent or expired).
@@ -901,7 +836,7 @@ func (l *Ledger) Lookup(ctx context.Context, k Key) (*Record, error) {
 	if err := k.Validate(l.cfg.MaxKeyLen); err != nil {
 		return nil, err
 	}
-	rec, live, err := l.store.lookup(ctx, l.pool, k)
+	rec, live, err := l.store.rows.lookup(ctx, l.pool, k)
 	if err != nil {
 		return nil, storeErr("lookup", err)
 	}
@@ -911,17 +846,27 @@ func (l *Ledger) Lookup(ctx context.Context, k Key) (*Record, error) {
 	return rec, nil
 }
 
+// ScopeStats is one line of Ledger.Stats: live rows of one scope and status.
+type ScopeStats struct {
+	Scope  string
+	Status Status
+	Rows   int64
+	// OldestLease is the earliest lease_until among processing rows (zero
+	// when none): a lease far in the past is a stuck key.
+	OldestLease time.Time
+}
+
 // Stats returns live rows by scope and status, with the oldest lease of the
 // processing ones.
 func (l *Ledger) Stats(ctx context.Context) ([]ScopeStats, error) {
-	st, err := l.store.stats(ctx, l.pool)
+	st, err := l.store.rows.stats(ctx, l.pool)
 	return st, storeErr("stats", err)
 }
 
 // LiveKeys counts the unexpired rows of one scope and tenant (an index range
 // scan), for per-tenant quotas.
 func (l *Ledger) LiveKeys(ctx context.Context, scope, tenant string) (int64, error) {
-	n, err := l.store.live(ctx, l.pool, scope, tenant)
+	n, err := l.store.rows.live(ctx, l.pool, scope, tenant)
 	return n, storeErr("live keys", err)
 }
 
@@ -937,7 +882,7 @@ func (l *Ledger) Known(ctx context.Context, keys []Key) ([]Status, error) {
 	if len(keys) == 0 {
 		return nil, nil
 	}
-	st, err := l.store.known(ctx, l.pool, keys)
+	st, err := l.store.rows.known(ctx, l.pool, keys)
 	return st, storeErr("known", err)
 }
 

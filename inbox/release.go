@@ -110,13 +110,13 @@ func (l *Ledger) release(ctx context.Context, k Key, stuckOnly bool) (bool, erro
 	var ok, live bool
 	var err error
 	if stuckOnly {
-		ok, live, err = l.store.releaseStuck(ctx, l.pool, k)
+		ok, live, err = l.store.rows.releaseStuck(ctx, l.pool, k)
 	} else {
-		ok, err = l.store.release(ctx, l.pool, k)
+		ok, err = l.store.rows.release(ctx, l.pool, k)
 	}
 	if err != nil {
 		if l.fast != nil {
-			// The DELETE may have committed before its answer was lost:
+			// The delete may have committed before its answer was lost:
 			// drop the cached result anyway (always safe: Postgres answers
 			// instead), so that a released row is not answered from it.
 			_ = l.invalidate(ctx, "release", k)
@@ -164,7 +164,11 @@ func (l *Ledger) RecordFailure(ctx context.Context, req Request, attempts int, c
 	if cause != nil {
 		msg = cause.Error()
 	}
-	ok, err := l.store.fail(ctx, l.pool, req, attempts, msg, l.ttl(req))
+	s, err := l.store.get(ctx, l.pool)
+	var ok bool
+	if err == nil {
+		ok, err = s.recordFailure(ctx, l.pool, failParams{req: req, attempts: attempts, errText: msg, ttl: l.ttl(req)})
+	}
 	if err != nil {
 		return false, storeErr("record failure", err)
 	}

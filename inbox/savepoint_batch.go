@@ -4,12 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"strconv"
 	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 )
 
@@ -89,17 +87,19 @@ func (l *Ledger) DoEach(ctx context.Context, reqs []Request, opts EachOptions, f
 	if err := ctx.Err(); err != nil {
 		return EachRun{}, fmt.Errorf("justonce/inbox: %w", err)
 	}
-	// On the time-bucket layout a TTL past MaxTTL fails the run before
-	// any handler runs, as it fails Do and DoBatch.
-	if err := l.store.detect(ctx, l.pool); err != nil {
+	// A TTL the layout cannot keep (past the time-bucket layout's
+	// MaxTTL) fails the run before any handler runs, as it fails Do and
+	// DoBatch.
+	s, err := l.store.get(ctx, l.pool)
+	if err != nil {
 		return EachRun{}, storeErr("claim", err)
 	}
 	for _, q := range reqs {
-		if err := l.store.checkTTL(l.ttl(q)); err != nil {
+		if err := s.checkTTL(l.ttl(q)); err != nil {
 			return EachRun{}, storeErr("claim", err)
 		}
 	}
-	r := &eachRun{l: l, reqs: reqs, opts: opts, fn: fn, start: time.Now()}
+	r := &eachRun{l: l, s: s, reqs: reqs, opts: opts, fn: fn, start: time.Now()}
 	// Copies of a key: a scan rather than a map, for batches of tens.
 	r.first = make([]int, len(reqs))
 	for i, q := range reqs {
@@ -137,6 +137,7 @@ func (l *Ledger) DoEach(ctx context.Context, reqs []Request, opts EachOptions, f
 // eachRun is one DoEach call.
 type eachRun struct {
 	l     *Ledger
+	s     ledgerStore
 	reqs  []Request
 	opts  EachOptions
 	fn    EachFunc
@@ -229,80 +230,33 @@ func (r *eachRun) run(ctx context.Context) (run EachRun, err error) {
 			release = func(errs ...error) { releaseConn(pc, errs...) }
 			conn = pc.Conn()
 			tx = &ownedTx{conn: conn}
-			if err := l.store.detect(ctx, conn); err != nil {
-				return EachRun{}, storeErr("claim", err)
-			}
 		}
 
 		// [BEGIN | RELEASE previous] SAVEPOINT; claim: one round trip.
 		start := time.Now()
 		b := &pgx.Batch{}
 		if !inTx {
-			b.Queue("BEGIN")
+			b.Queue(sqlBegin)
 		}
 		for _, s := range pending {
 			b.Queue(s)
 		}
 		pending = pending[:0]
-		b.Queue("SAVEPOINT justonce_each")
-		c := &claims[i]
-		if l.store.buckets {
-			cr, err := l.claimEachBuckets(ctx, conn, b, req, c)
-			inTx = true
-			if err != nil {
-				rollback(conn)
-				panicked = false
-				return EachRun{}, err
+		b.Queue(sqlEachSavepoint)
+		cr, err := r.s.claimInRun(ctx, conn, b, claimParams{req: req, ttl: l.ttl(req)}, &claims[i])
+		inTx = true
+		if err != nil {
+			rollback(conn)
+			panicked = false
+			return EachRun{}, err
+		}
+		if !cr.claimed {
+			out := classify(req, cr)
+			outs = append(outs, out)
+			if out.Disposition == InFlight {
+				stop = true
 			}
-			if !cr.claimed {
-				out := classify(req, cr)
-				outs = append(outs, out)
-				if out.Disposition == InFlight {
-					stop = true
-				}
-				continue
-			}
-		} else {
-			claimed := false
-			b.Queue(l.store.claimOneSQL, claimOneArgs(req, l.ttl(req), 0, "")...).QueryRow(func(row pgx.Row) error {
-				err := row.Scan(c.dest()...)
-				if errors.Is(err, pgx.ErrNoRows) {
-					return nil
-				}
-				claimed = err == nil
-				return err
-			})
-			inTx = true
-			if err := conn.SendBatch(ctx, b).Close(); err != nil {
-				rollback(conn)
-				panicked = false
-				return EachRun{}, storeErr("claim", err)
-			}
-			if !claimed {
-				// Not new: free the key's lock and read its row, in one round
-				// trip.
-				var ls recordScan
-				found := false
-				b := &pgx.Batch{}
-				b.Queue("ROLLBACK TO SAVEPOINT justonce_each")
-				b.Queue("RELEASE SAVEPOINT justonce_each")
-				queueLookup(b, l.store.lookupSQL, req.Key, ls.dest(), &found)
-				if err := conn.SendBatch(ctx, b).Close(); err != nil {
-					rollback(conn)
-					panicked = false
-					return EachRun{}, storeErr("lookup", err)
-				}
-				var cr claimRow
-				if found {
-					cr.rec, cr.live, _ = ls.record(req.Key)
-				}
-				out := classify(req, cr)
-				outs = append(outs, out)
-				if out.Disposition == InFlight {
-					stop = true
-				}
-				continue
-			}
+			continue
 		}
 
 		res, err := r.fn(WithEvent(ctx, req.Key), tx, i)
@@ -328,8 +282,8 @@ func (r *eachRun) run(ctx context.Context) (run EachRun, err error) {
 			// Roll this request back alone, and stop: the ones before it
 			// commit.
 			b := &pgx.Batch{}
-			b.Queue("ROLLBACK TO SAVEPOINT justonce_each")
-			b.Queue("RELEASE SAVEPOINT justonce_each")
+			b.Queue(sqlEachRollback)
+			b.Queue(sqlEachRelease)
 			if rerr := conn.SendBatch(context.WithoutCancel(ctx), b).Close(); rerr != nil {
 				rollback(conn)
 				panicked = false
@@ -343,7 +297,7 @@ func (r *eachRun) run(ctx context.Context) (run EachRun, err error) {
 		took[i] = time.Since(start)
 		executed[i] = true
 		outs = append(outs, Outcome{Disposition: Executed, Result: res})
-		pending = append(pending, "RELEASE SAVEPOINT justonce_each")
+		pending = append(pending, sqlEachRelease)
 	}
 	panicked = false
 
@@ -355,7 +309,7 @@ func (r *eachRun) run(ctx context.Context) (run EachRun, err error) {
 					continue
 				}
 				if !results[i].IsZero() || l.cfg.RecordDuration {
-					l.store.queueComplete(b, r.reqs[i].Key, results[i], took[i])
+					r.s.queueComplete(b, completion{key: r.reqs[i].Key, res: results[i], took: took[i]})
 				}
 			}
 		})
@@ -604,146 +558,4 @@ func (f *redisFront) evalMany(ctx context.Context, script *redis.Script, keys []
 		_, _ = pipe.Exec(ctx)
 	}
 	return cmds
-}
-
-// claimEachBuckets is DoEach's claim of req on the time-bucket layout,
-// inside the savepoint justonce_each that b (not yet sent) opens, in one
-// round trip for a new key: the key's lock (recorded in a
-// transaction-local setting), then, in a statement of its own, the key's
-// claim row written into its shard's newest bucket if no bucket of the
-// shard (named from the view) has the key and the setting says the lock is
-// ours. A key that is not new is then looked up, and a row to take over
-// goes through the layout's claim function. A stale view (a bucket opened
-// since it was loaded) rolls the savepoint back and claims again with a
-// fresh view; a bucket detached or dropped since is pruned from the
-// statements (its rows had all expired), and the newest bucket's table
-// missing (a view older than any bucket's life) fails the run. A key not
-// claimed comes back with its row, the savepoint rolled back and released
-// (which frees the key's lock); a key claimed leaves its columns in c.
-func (l *Ledger) claimEachBuckets(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, req Request, c *claimedScan) (claimRow, error) {
-	// One simple-protocol message: a batch would prepare RELEASE before
-	// the ROLLBACK TO ran, which an aborted savepoint refuses.
-	undo := func() error {
-		_, err := conn.Exec(ctx, "ROLLBACK TO SAVEPOINT justonce_each; RELEASE SAVEPOINT justonce_each")
-		return err
-	}
-	retry := func() error {
-		l.store.invalidateView()
-		if err := undo(); err != nil {
-			return storeErr("claim", err)
-		}
-		b = &pgx.Batch{}
-		b.Queue("SAVEPOINT justonce_each")
-		return nil
-	}
-	ttl := l.ttl(req) // ≤ MaxTTL: DoEach checked every request's
-	key := lockKey(req.Key)
-	for attempt := 1; ; attempt++ {
-		st, err := l.store.doStatements(ctx, conn, req.Key)
-		if err != nil {
-			return claimRow{}, storeErr("claim", err)
-		}
-		token := strconv.FormatInt(key, 36) + "/" + strconv.Itoa(attempt)
-		var locked, readCommitted, fresh, marked, inserted bool
-		var now time.Time
-		b.Queue(st.markLock, key, token).QueryRow(func(row pgx.Row) error {
-			return row.Scan(&locked, &now, &readCommitted, &fresh, &marked)
-		})
-		b.Queue(st.claimNew, req.Scope, req.Tenant, req.ID, req.Fingerprint, string(req.Source), req.Principal,
-			ttl.Microseconds(), token).QueryRow(func(row pgx.Row) error {
-			err := row.Scan(&inserted)
-			if errors.Is(err, pgx.ErrNoRows) {
-				return nil
-			}
-			return err
-		})
-		err = conn.SendBatch(ctx, b).Close()
-		var pgErr *pgconn.PgError
-		switch {
-		case err != nil && errors.As(err, &pgErr) && pgErr.Code == "JO001" && attempt < maxConflictRetries:
-			// The row met a newer bucket: the batch ran, inside the
-			// savepoint, up to the refused row.
-			if err := retry(); err != nil {
-				return claimRow{}, err
-			}
-			continue
-		case err != nil && isStaleView(err):
-			// A bucket table the view names is gone. The batch may have
-			// failed while pgx prepared it, before its RELEASE of the
-			// previous request's savepoint and this one's SAVEPOINT ran,
-			// so no savepoint here can be rolled back safely: the run
-			// fails as a whole (the caller runs the requests one by one
-			// with Do, which claims again with a fresh view).
-			l.store.invalidateView()
-			return claimRow{}, storeErr("claim", err)
-		case err != nil:
-			return claimRow{}, storeErr("claim", err)
-		case !readCommitted:
-			return claimRow{}, storeErr("claim", errNotReadCommitted)
-		case !fresh && attempt < maxConflictRetries:
-			// A bucket newer than the view's (the row was not written:
-			// its bucket would have refused it).
-			if err := retry(); err != nil {
-				return claimRow{}, err
-			}
-			continue
-		case !fresh:
-			return claimRow{}, storeErr("claim", errStaleView)
-		case inserted:
-			*c = claimedScan{attempts: 1, created: now, expires: now.Add(ttl.Truncate(time.Microsecond))}
-			return claimRow{claimed: true}, nil
-		}
-		// Held elsewhere, or not new: its row.
-		var ls recordScan
-		found := false
-		if err := conn.QueryRow(ctx, st.lookup, req.Scope, req.Tenant, req.ID).Scan(ls.destAt()...); err == nil {
-			found = true
-		} else if !errors.Is(err, pgx.ErrNoRows) {
-			return claimRow{}, storeErr("lookup", err)
-		}
-		var cr claimRow
-		var leased bool
-		if found {
-			cr.rec, cr.live, leased = ls.recordAt(req.Key, now)
-		}
-		if locked && cr.rec != nil && takeover(cr.rec, cr.live, leased, req.Fingerprint) {
-			// An expired row or a lapsed lease, rare: the layout's claim
-			// function takes it over (the lock is ours already).
-			err := conn.QueryRow(ctx, l.store.claimOneSQL, claimOneArgs(req, ttl, 0, "")...).Scan(c.dest()...)
-			if errors.Is(err, pgx.ErrNoRows) { // the row changed since the look-up
-				if err := undo(); err != nil {
-					return claimRow{}, storeErr("claim", err)
-				}
-				return claimRow{}, nil
-			}
-			if isNoPartition(err) && attempt < maxConflictRetries {
-				// The shard's newest bucket opened after this run took the
-				// ledger's locks: bring the run's list of partitions up to
-				// date (refreshPartitions) and claim again.
-				if err := retry(); err != nil {
-					return claimRow{}, err
-				}
-				if err := l.store.refreshPartitions(ctx, conn, req.Key); err != nil {
-					return claimRow{}, storeErr("claim", err)
-				}
-				continue
-			}
-			if err != nil {
-				return claimRow{}, storeErr("claim", err)
-			}
-			return claimRow{claimed: true}, nil
-		}
-		if locked && cr.rec == nil && attempt < maxConflictRetries {
-			// The key was in a bucket the look-up no longer names: look
-			// again with a fresh view.
-			if err := retry(); err != nil {
-				return claimRow{}, err
-			}
-			continue
-		}
-		if err := undo(); err != nil {
-			return claimRow{}, storeErr("claim", err)
-		}
-		return cr, nil
-	}
 }

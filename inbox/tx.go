@@ -57,7 +57,7 @@ type savepointTx struct {
 func beginSavepoint(ctx context.Context, conn *pgx.Conn, counter *int) (pgx.Tx, error) {
 	*counter++
 	name := "justonce_sp_" + strconv.Itoa(*counter)
-	if _, err := conn.Exec(ctx, "SAVEPOINT "+name); err != nil {
+	if _, err := conn.Exec(ctx, sqlSavepoint(name)); err != nil {
 		return nil, err
 	}
 	return &savepointTx{ownedTx: ownedTx{conn: conn, sp: *counter}, name: name}, nil
@@ -75,7 +75,7 @@ func (t *savepointTx) Commit(ctx context.Context) error {
 		return pgx.ErrTxClosed
 	}
 	t.closed = true
-	_, err := t.conn.Exec(ctx, "RELEASE SAVEPOINT "+t.name)
+	_, err := t.conn.Exec(ctx, sqlReleaseSavepoint(t.name))
 	return err
 }
 
@@ -84,6 +84,6 @@ func (t *savepointTx) Rollback(ctx context.Context) error {
 		return pgx.ErrTxClosed
 	}
 	t.closed = true
-	_, err := t.conn.Exec(ctx, "ROLLBACK TO SAVEPOINT "+t.name)
+	_, err := t.conn.Exec(ctx, sqlRollbackToSavepoint(t.name))
 	return err
 }

@@ -82,7 +82,11 @@ func (m *Migrator) applyLayout(ctx context.Context, tx pgx.Tx, schema string) er
 	if encoding != "UTF8" && encoding != "SQL_ASCII" {
 		return fmt.Errorf("justonce/migrations: the time-bucket layout needs a UTF8 database, not %s", encoding)
 	}
-	for _, stmt := range timeBucketSQL(schema, m.cfg) {
+	stmts, err := timeBucketSQL(schema, m.cfg)
+	if err != nil {
+		return err
+	}
+	for _, stmt := range stmts {
 		if _, err := tx.Exec(ctx, stmt); err != nil {
 			return fmt.Errorf("justonce/migrations: time-bucket layout: %w\n%s", err, stmt)
 		}
@@ -93,8 +97,13 @@ func (m *Migrator) applyLayout(ctx context.Context, tx pgx.Tx, schema string) er
 // timeBucketSQL returns the statements that move a plain processed_events
 // to the time-bucket layout, copying its live rows. Functions name the
 // table with its schema, so that they work whatever the caller's
-// search_path.
-func timeBucketSQL(schema string, cfg Config) []string {
+// search_path. The partitioned table's columns are the plain table's, as
+// 001_processed_events.up.sql declares them (plainTable), and the bucket.
+func timeBucketSQL(schema string, cfg Config) ([]string, error) {
+	plain, err := plainTable()
+	if err != nil {
+		return nil, err
+	}
 	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
 	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 	width := strconv.FormatInt(int64(cfg.BucketWidth/time.Second), 10) + " seconds"
@@ -109,6 +118,7 @@ func timeBucketSQL(schema string, cfg Config) []string {
 		"{SCHEMA}", lit(schema), "{W}", lit(width), "{MAXTTL}", lit(maxTTL),
 		"{MAXTTL_US}", strconv.FormatInt(cfg.MaxTTL.Microseconds(), 10),
 		"{SHARDS}", strconv.Itoa(cfg.Shards),
+		"{COLUMNS}", plain.columns, "{CONSTRAINTS}", plain.constraints, "{NAMES}", strings.Join(plain.names, ", "),
 	)
 	// newest: the newest bucket of the shard v_shard, as the statement
 	// that reads it sees the bucket list.
@@ -120,32 +130,15 @@ func timeBucketSQL(schema string, cfg Config) []string {
 	const loadBuckets = `SELECT array_agg(b.id) INTO v_ids FROM {BUCKETS} b WHERE b.shard = v_shard AND b.detached_at IS NULL;`
 	stmts := []string{
 		`ALTER TABLE {PE} RENAME TO processed_events_plain`,
+		// The plain table's columns and constraints, then the bucket the
+		// row was written into: the partition key. A bucket holds keys of
+		// one shard; bucket ids of shard s are s, s + shards, s + 2 ×
+		// shards, ... in the order they were opened. The primary key
+		// includes it, as a partitioned table's must.
 		`CREATE TABLE {PE} (
-    scope            text        COLLATE "C" NOT NULL,
-    tenant           text        COLLATE "C" NOT NULL DEFAULT '',
-    event_id         text        COLLATE "C" NOT NULL,
-    status           text        NOT NULL,
-    fingerprint      bytea,
-    source           text        NOT NULL DEFAULT '',
-    principal        text        NOT NULL DEFAULT '',
-    lease_owner      text,
-    lease_until      timestamptz,
-    fencing_token    bigint      NOT NULL DEFAULT 0,
-    attempts         integer     NOT NULL DEFAULT 1,
-    response_code    integer,
-    response_headers jsonb,
-    response_body    bytea,
-    error            text,
-    duration_us      bigint,
-    created_at       timestamptz NOT NULL DEFAULT now(),
-    completed_at     timestamptz,
-    expires_at       timestamptz NOT NULL,
-    -- The bucket the row was written into: the partition key. A bucket
-    -- holds keys of one shard; bucket ids of shard s are s, s + shards,
-    -- s + 2 × shards, ... in the order they were opened.
+{COLUMNS}
     bucket           integer     NOT NULL,
-    CONSTRAINT processed_events_bucket_pkey PRIMARY KEY (scope, tenant, event_id, bucket),
-    CONSTRAINT processed_events_status_check CHECK (status IN ('processing', 'done', 'failed'))
+    CONSTRAINT processed_events_bucket_pkey PRIMARY KEY (scope, tenant, event_id, bucket){CONSTRAINTS}
 ) PARTITION BY LIST (bucket)`,
 		`CREATE INDEX processed_events_bucket_processing_idx ON {PE} (lease_until) WHERE status = 'processing'`,
 		`CREATE TABLE {LAYOUT} (
@@ -356,17 +349,79 @@ $do$`,
 		`SELECT {OPEN}(s, now() - {W}::interval * s / {SHARDS}) FROM generate_series(0, {SHARDS} - 1) s`,
 		// The live rows (and expired rows whose lease still runs) go into
 		// their shard's first bucket, which goes only once they expired.
-		`INSERT INTO {PE} (scope, tenant, event_id, status, fingerprint, source, principal, lease_owner, lease_until,
-    fencing_token, attempts, response_code, response_headers, response_body, error, duration_us, created_at,
-    completed_at, expires_at, bucket)
-SELECT scope, tenant, event_id, status, fingerprint, source, principal, lease_owner, lease_until,
-    fencing_token, attempts, response_code, response_headers, response_body, error, duration_us, created_at,
-    completed_at, expires_at, {SHARD}(scope, tenant, event_id)
+		`INSERT INTO {PE} ({NAMES}, bucket)
+SELECT {NAMES}, {SHARD}(scope, tenant, event_id)
 FROM {OLD} WHERE expires_at > now() OR (status = 'processing' AND lease_until > now())`,
 		`DROP TABLE {OLD}`,
 	}
 	for i, s := range stmts {
 		stmts[i] = r.Replace(s)
 	}
-	return stmts
+	return stmts, nil
+}
+
+// plainTableFile declares processed_events: its CREATE TABLE is the one
+// place the ledger's columns are written. It stays as it was released
+// (users copy it, and tools that keep checksums of applied migrations
+// would refuse an edited one); parseTable reads it as it is: a column or a
+// comment a line, then the constraints.
+const plainTableFile = "001_processed_events.up.sql"
+
+// tableParts is processed_events as plainTableFile declares it.
+type tableParts struct {
+	// columns are the column definitions, one a line with its comments,
+	// each ending with a comma.
+	columns string
+	// constraints are the table's constraints but its primary key, one a
+	// line, each after a comma and a line break.
+	constraints string
+	names       []string // the columns' names, in order
+}
+
+// plainTable reads processed_events' columns and constraints from
+// plainTableFile.
+func plainTable() (tableParts, error) {
+	body, err := FS.ReadFile(plainTableFile)
+	if err != nil {
+		return tableParts{}, err
+	}
+	return parseTable(string(body))
+}
+
+// parseTable reads the CREATE TABLE of processed_events in text: the lines
+// between it and the closing parenthesis, a column or a comment each, then
+// a constraint each, the primary key named processed_events_pkey.
+func parseTable(text string) (tableParts, error) {
+	var p tableParts
+	const open = "CREATE TABLE IF NOT EXISTS processed_events (\n"
+	start := strings.Index(text, open)
+	end := strings.Index(text[max(start, 0):], "\n);")
+	if start < 0 || end < 0 {
+		return p, fmt.Errorf("justonce/migrations: %s: no CREATE TABLE IF NOT EXISTS processed_events ( ... );", plainTableFile)
+	}
+	var columns, constraints []string
+	pkey := false
+	for _, line := range strings.Split(text[start+len(open):start+end], "\n") {
+		field := strings.Fields(line)
+		switch {
+		case len(field) == 0 || strings.HasPrefix(field[0], "--"):
+			if len(constraints) == 0 {
+				columns = append(columns, line)
+			}
+		case field[0] == "CONSTRAINT" && len(field) > 2 && field[1] == "processed_events_pkey":
+			pkey = true
+		case field[0] == "CONSTRAINT":
+			constraints = append(constraints, ",\n"+strings.TrimSuffix(line, ","))
+		case len(constraints) > 0 || pkey || !strings.HasSuffix(line, ","):
+			return p, fmt.Errorf("justonce/migrations: %s: a column after the constraints, or without its comma: %q", plainTableFile, line)
+		default:
+			columns = append(columns, line)
+			p.names = append(p.names, field[0])
+		}
+	}
+	if !pkey || len(p.names) == 0 {
+		return p, fmt.Errorf("justonce/migrations: %s: processed_events has no columns or no processed_events_pkey", plainTableFile)
+	}
+	p.columns, p.constraints = strings.Join(columns, "\n"), strings.Join(constraints, "")
+	return p, nil
 }

@@ -8,10 +8,12 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // The time-bucket layout (migrations.LayoutTimeBuckets): processed_events is
@@ -25,11 +27,12 @@ import (
 // DoBatch probes each key's shard's buckets as the bucket list stands in
 // its own snapshot; the other claims and failures go through the SQL
 // functions the migration creates. docs/RETENTION.md has the
-// reasoning.
+// reasoning. Every statement of the layout's own is in this file
+// (bucketStore); the others are rowStore's (store.go).
 
 // bucketView is the ledger's view of the buckets: for each shard, the
-// statements of Do's claim, which name that shard's buckets. It may be
-// stale; a stale view never lets a claim through: a bucket opened since
+// statements of Do's claim (its doPlan), which name that shard's buckets.
+// It may be stale; a stale view never lets a claim through: a bucket opened since
 // makes the claim's first statement answer "stale" (and the row's INSERT
 // fail, SQLSTATE JO001, if it opened while the handler ran), and the claim
 // is made again with a fresh view. A bucket detached or dropped since is
@@ -41,33 +44,7 @@ type bucketView struct {
 	// statement's time, not the transaction's (a DoEach run loads views
 	// inside its transaction, which may have started long before).
 	dbTime time.Time
-	shards []shardSQL
-}
-
-// shardSQL are Do's statements for one shard's keys.
-type shardSQL struct {
-	// lock takes the key's lock ($1) and returns now(), whether the
-	// transaction is READ COMMITTED, and whether the view's newest bucket
-	// of the shard is still its newest. lockEarly is lock for the time
-	// before the janitor may open the shard's next bucket (nextOpen, on
-	// the database's clock): it skips that check, which the row's INSERT
-	// makes anyway.
-	lock, lockEarly string
-	nextOpen        time.Time
-	// lookup looks the key ($1, $2, $3) up in the shard's buckets
-	// (rowCols: read it with recordScan's destAt and recordAt).
-	lookup string
-	// insert writes the row into the shard's newest bucket, refusing
-	// (JO001) if it is no longer the newest.
-	insert string
-	// DoEach's claim in one round trip: markLock (markLockEarly) is lock
-	// that also records in a transaction-local setting, under the token
-	// $2, that the lock is held; claimNew then writes the key's claim row
-	// (done, without a result) into the newest bucket only if that setting
-	// holds the token ($8) and no bucket has the key. claimNew's snapshot
-	// is taken after markLock ran, so it sees every row an earlier holder
-	// of the lock committed.
-	markLock, markLockEarly, claimNew string
+	shards []doPlan
 }
 
 // A view is used for at most viewMaxAge (an eighth of the bucket width,
@@ -80,51 +57,46 @@ func viewTimes(width time.Duration) (viewMaxAge, dropGrace time.Duration) {
 	return viewMaxAge, viewMaxAge + 2*time.Second
 }
 
-// detect finds out the table's layout, once: the statements that differ
-// (claims, failures, the janitor) are switched before first use.
-func (s *pgStore) detect(ctx context.Context, q querier) error {
-	if s.ready.Load() {
-		return nil
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.ready.Load() {
-		return nil
-	}
-	var kind string
-	if err := q.QueryRow(ctx, `SELECT relkind::text FROM pg_class WHERE oid = $1::regclass`, s.table).Scan(&kind); err != nil {
-		return fmt.Errorf("ledger layout: %w", err)
-	}
-	if kind == "p" {
-		var width, maxTTL int64
-		var shards int
-		var encoding string
-		if err := q.QueryRow(ctx, `SELECT extract(epoch FROM width)::bigint, extract(epoch FROM max_ttl)::bigint, shards,
-			current_setting('server_encoding') FROM `+
-			s.ident("processed_events_layout")).Scan(&width, &maxTTL, &shards, &encoding); err != nil {
-			return fmt.Errorf("ledger layout: %w", err)
-		}
-		// The ledger computes a key's shard from its UTF-8 bytes, as
-		// processed_events_shard does from the database's: they agree
-		// only when the database stores text as those bytes.
-		if encoding != "UTF8" && encoding != "SQL_ASCII" {
-			return fmt.Errorf("ledger layout: the time-bucket layout needs a UTF8 database, not %s", encoding)
-		}
-		s.useTimeBuckets(time.Duration(width)*time.Second, time.Duration(maxTTL)*time.Second, shards)
-	}
-	s.ready.Store(true)
-	return nil
+// bucketStore is the time-bucket layout's store. Its own statements, its
+// view of the buckets and its janitor are here; the other statements are
+// rowStore's: by key, Postgres routes them to the row's bucket.
+type bucketStore struct {
+	*rowStore
+
+	shards int           // how many shards keys are spread over
+	width  time.Duration // how long a shard writes into one bucket
+	maxTTL time.Duration // the longest TTL a row may have
+	// how long a view of the buckets is used, and how long after its
+	// detach a bucket's table is dropped (see viewTimes)
+	viewMaxAge, dropGrace time.Duration
+	view                  atomic.Pointer[bucketView]
+
+	claimOneSQL, claimSQL, failSQL            string
+	lockManySQL, lookupManySQL, insertManySQL string
 }
 
-// useTimeBuckets switches the statements that differ to the time-bucket
-// layout's. The others work on both.
-func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
-	s.buckets = true
-	s.shards = shards
-	s.width = width
-	s.maxTTL = maxTTL
+// openBucketStore reads the layout's settings and builds its statements.
+func openBucketStore(ctx context.Context, q querier, rows *rowStore) (*bucketStore, error) {
+	var width, maxTTL int64
+	var shards int
+	var encoding string
+	if err := q.QueryRow(ctx, `SELECT extract(epoch FROM width)::bigint, extract(epoch FROM max_ttl)::bigint, shards,
+			current_setting('server_encoding') FROM `+
+		rows.ident("processed_events_layout")).Scan(&width, &maxTTL, &shards, &encoding); err != nil {
+		return nil, err
+	}
+	// The ledger computes a key's shard from its UTF-8 bytes, as
+	// processed_events_shard does from the database's: they agree only
+	// when the database stores text as those bytes.
+	if encoding != "UTF8" && encoding != "SQL_ASCII" {
+		return nil, fmt.Errorf("the time-bucket layout needs a UTF8 database, not %s", encoding)
+	}
+	return newBucketStore(rows, time.Duration(width)*time.Second, time.Duration(maxTTL)*time.Second, shards), nil
+}
+
+func newBucketStore(rows *rowStore, width, maxTTL time.Duration, shards int) *bucketStore {
+	s := &bucketStore{rowStore: rows, shards: shards, width: width, maxTTL: maxTTL}
 	s.viewMaxAge, s.dropGrace = viewTimes(width)
-	s.oid = "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
 	r := strings.NewReplacer("{T}", s.table, "{OID}", s.oid, "{CLAIM}", s.ident("processed_events_claim"),
 		"{FAIL}", s.ident("processed_events_fail"),
 		"{BUCKETS}", s.ident("processed_events_buckets"),
@@ -146,8 +118,6 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 	// the INSERT sees the bucket list. Both take each key's shard from the
 	// ledger, which computes it as processed_events_shard does.
 	const readCommitted = `current_setting('transaction_isolation') = 'read committed'`
-	s.lockOneSQL = r.Replace(`SELECT CASE WHEN ` + readCommitted + ` THEN pg_try_advisory_xact_lock($1::bigint # {OID})
-		ELSE {REFUSE_RR} END, now()`)
 	s.lockManySQL = r.Replace(`SELECT array_agg(pg_try_advisory_xact_lock(u.k # {OID}) ORDER BY u.o), now()
 		FROM unnest($1::bigint[]) WITH ORDINALITY AS u(k, o)
 		WHERE CASE WHEN ` + readCommitted + ` THEN true ELSE {REFUSE_RR} END`)
@@ -176,6 +146,9 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 		CROSS JOIN LATERAL (SELECT * FROM {T} e WHERE e.scope = u.scope AND e.tenant = u.tenant
 			AND e.event_id = u.event_id AND e.bucket = u.id OFFSET 0) e`)
 
+	// Leases, takeovers, DoTx and failures go through the layout's SQL
+	// functions (migrations.LayoutTimeBuckets creates them), which take
+	// the key's lock and look in every bucket of its shard.
 	const out = `o_status, o_fingerprint, o_source, o_principal, o_lease_owner, o_lease_until, o_fencing_token,
 		o_attempts, o_response_code, o_response_headers, o_response_body, o_error, o_duration_us,
 		o_created_at, o_completed_at, o_expires_at, o_live, o_leased`
@@ -190,6 +163,205 @@ func (s *pgStore) useTimeBuckets(width, maxTTL time.Duration, shards int) {
 			u.ttl_us, u.lock_key # {OID}, $9::bigint, $10::text, true) AS f`)
 	s.failSQL = r.Replace(`SELECT {FAIL}($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text,
 		$7::integer, $8::text, $9::bigint, $10::bigint # {OID})`)
+	return s
+}
+
+func (s *bucketStore) takeOver(ctx context.Context, q querier, p claimParams) (claimedScan, error) {
+	return takeOverWith(ctx, q, s.claimOneSQL, p)
+}
+
+// queueLockMany: the look-up probes each key's shard only.
+func (s *bucketStore) queueLockMany(b *pgx.Batch, reqs []Request, a *lockManyAnswer) {
+	queueLockManyWith(b, s.lockManySQL, s.lookupManySQL, reqs, a, s.shardsOf(reqs, nil))
+}
+
+func (s *bucketStore) takeOverMany(ctx context.Context, conn *pgx.Conn, reqs []Request, ttl func(Request) time.Duration) ([]claimRow, error) {
+	return takeOverManyWith(ctx, conn, s.claimSQL, reqs, ttl)
+}
+
+// insertMany: each row goes into its shard's newest bucket.
+func (s *bucketStore) insertMany(p insertManyParams) (queuedStmt, error) {
+	return insertManyWith(s.insertManySQL, p, s.shardsOf(p.reqs, p.idx))
+}
+
+// shardsOf is the shard of each of reqs[i] for i in idx (nil: every one).
+func (s *bucketStore) shardsOf(reqs []Request, idx []int) []int32 {
+	if idx == nil {
+		shards := make([]int32, len(reqs))
+		for i, r := range reqs {
+			shards[i] = int32(shardOf(r.Key, s.shards))
+		}
+		return shards
+	}
+	shards := make([]int32, len(idx))
+	for j, i := range idx {
+		shards[j] = int32(shardOf(reqs[i].Key, s.shards))
+	}
+	return shards
+}
+
+// claimInSavepoint: a bucket opened since the caller's transaction took
+// the ledger's locks is brought into its list of partitions, and the key
+// claimed again.
+func (s *bucketStore) claimInSavepoint(ctx context.Context, tx pgx.Tx, p claimParams) (claimRow, error) {
+	return s.claimInSavepointWith(ctx, tx, s.claimOneSQL, p, s.refreshPartitions)
+}
+
+func (s *bucketStore) claimLease(ctx context.Context, q querier, p claimParams) (claimRow, error) {
+	return s.claimOne(ctx, q, s.claimOneSQL, p)
+}
+
+func (s *bucketStore) recordFailure(ctx context.Context, q querier, p failParams) (bool, error) {
+	r := p.req
+	var ok bool
+	err := q.QueryRow(ctx, s.failSQL, r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal,
+		p.attempts, p.errText, p.ttl.Microseconds(), lockKey(r.Key)).Scan(&ok)
+	return ok, err
+}
+
+// purge deletes no rows: it is one pass of maintainBuckets.
+func (s *bucketStore) purge(ctx context.Context, pool *pgxpool.Pool, _ int) (n int64, more, locked bool, err error) {
+	n, locked, err = s.maintainBuckets(ctx, pool)
+	return n, false, locked, err
+}
+
+// claimInRun is DoEach's claim on the time-bucket layout, inside the
+// savepoint justonce_each that b (not yet sent) opens, in one round trip
+// for a new key: the key's lock (recorded in a transaction-local setting),
+// then, in a statement of its own, the key's claim row written into its
+// shard's newest bucket if no bucket of the shard (named from the view)
+// has the key and the setting says the lock is ours. A key that is not new is then looked up, and a row to take over
+// goes through the layout's claim function. A stale view (a bucket opened
+// since it was loaded) rolls the savepoint back and claims again with a
+// fresh view; a bucket detached or dropped since is pruned from the
+// statements (its rows had all expired), and the newest bucket's table
+// missing (a view older than any bucket's life) fails the run. A key not
+// claimed comes back with its row, the savepoint rolled back and released
+// (which frees the key's lock); a key claimed leaves its columns in c.
+func (s *bucketStore) claimInRun(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, p claimParams, c *claimedScan) (claimRow, error) {
+	undo := func() error {
+		_, err := conn.Exec(ctx, sqlEachUndo)
+		return err
+	}
+	retry := func() error {
+		s.forgetPlans()
+		if err := undo(); err != nil {
+			return storeErr("claim", err)
+		}
+		b = &pgx.Batch{}
+		b.Queue(sqlEachSavepoint)
+		return nil
+	}
+	req, ttl := p.req, p.ttl // ttl ≤ MaxTTL: DoEach checked every request's
+	key := lockKey(req.Key)
+	for attempt := 1; ; attempt++ {
+		st, err := s.planDo(ctx, conn, req.Key)
+		if err != nil {
+			return claimRow{}, storeErr("claim", err)
+		}
+		token := strconv.FormatInt(key, 36) + "/" + strconv.Itoa(attempt)
+		var locked, readCommitted, fresh, marked, inserted bool
+		var now time.Time
+		b.Queue(st.markLock, key, token).QueryRow(func(row pgx.Row) error {
+			return row.Scan(&locked, &now, &readCommitted, &fresh, &marked)
+		})
+		b.Queue(st.claimNew, req.Scope, req.Tenant, req.ID, req.Fingerprint, string(req.Source), req.Principal,
+			ttl.Microseconds(), token).QueryRow(func(row pgx.Row) error {
+			err := row.Scan(&inserted)
+			if errors.Is(err, pgx.ErrNoRows) {
+				return nil
+			}
+			return err
+		})
+		err = conn.SendBatch(ctx, b).Close()
+		var pgErr *pgconn.PgError
+		switch {
+		case err != nil && errors.As(err, &pgErr) && pgErr.Code == "JO001" && attempt < maxConflictRetries:
+			// The row met a newer bucket: the batch ran, inside the
+			// savepoint, up to the refused row.
+			if err := retry(); err != nil {
+				return claimRow{}, err
+			}
+			continue
+		case err != nil && isStaleView(err):
+			// A bucket table the view names is gone. The batch may have
+			// failed while pgx prepared it, before its RELEASE of the
+			// previous request's savepoint and this one's SAVEPOINT ran,
+			// so no savepoint here can be rolled back safely: the run
+			// fails as a whole (the caller runs the requests one by one
+			// with Do, which claims again with a fresh view).
+			s.forgetPlans()
+			return claimRow{}, storeErr("claim", err)
+		case err != nil:
+			return claimRow{}, storeErr("claim", err)
+		case !readCommitted:
+			return claimRow{}, storeErr("claim", errNotReadCommitted)
+		case !fresh && attempt < maxConflictRetries:
+			// A bucket newer than the view's (the row was not written:
+			// its bucket would have refused it).
+			if err := retry(); err != nil {
+				return claimRow{}, err
+			}
+			continue
+		case !fresh:
+			return claimRow{}, storeErr("claim", errStaleView)
+		case inserted:
+			*c = claimedScan{attempts: 1, created: now, expires: now.Add(ttl.Truncate(time.Microsecond))}
+			return claimRow{claimed: true}, nil
+		}
+		// Held elsewhere, or not new: its row.
+		var ls recordScan
+		found := false
+		if err := conn.QueryRow(ctx, st.lookup, req.Scope, req.Tenant, req.ID).Scan(ls.destAt()...); err == nil {
+			found = true
+		} else if !errors.Is(err, pgx.ErrNoRows) {
+			return claimRow{}, storeErr("lookup", err)
+		}
+		var cr claimRow
+		var leased bool
+		if found {
+			cr.rec, cr.live, leased = ls.recordAt(req.Key, now)
+		}
+		if locked && cr.rec != nil && takeover(cr.rec, cr.live, leased, req.Fingerprint) {
+			// An expired row or a lapsed lease, rare: the layout's claim
+			// function takes it over (the lock is ours already).
+			err := conn.QueryRow(ctx, s.claimOneSQL, claimOneArgs(p)...).Scan(c.dest()...)
+			if errors.Is(err, pgx.ErrNoRows) { // the row changed since the look-up
+				if err := undo(); err != nil {
+					return claimRow{}, storeErr("claim", err)
+				}
+				return claimRow{}, nil
+			}
+			if isNoPartition(err) && attempt < maxConflictRetries {
+				// The shard's newest bucket opened after this run took the
+				// ledger's locks: bring the run's list of partitions up to
+				// date (refreshPartitions) and claim again.
+				if err := retry(); err != nil {
+					return claimRow{}, err
+				}
+				if err := s.refreshPartitions(ctx, conn, req.Key); err != nil {
+					return claimRow{}, storeErr("claim", err)
+				}
+				continue
+			}
+			if err != nil {
+				return claimRow{}, storeErr("claim", err)
+			}
+			return claimRow{claimed: true}, nil
+		}
+		if locked && cr.rec == nil && attempt < maxConflictRetries {
+			// The key was in a bucket the look-up no longer names: look
+			// again with a fresh view.
+			if err := retry(); err != nil {
+				return claimRow{}, err
+			}
+			continue
+		}
+		if err := undo(); err != nil {
+			return claimRow{}, storeErr("claim", err)
+		}
+		return cr, nil
+	}
 }
 
 // shardOf is the key's shard, as processed_events_shard computes it in
@@ -210,18 +382,14 @@ func shardOf(k Key, shards int) int {
 // bucketName is the table of bucket id.
 func bucketName(id int) string { return "processed_events_b" + strconv.Itoa(id) }
 
-// doStatements returns Do's statements for k: the plain layout's, or on the
-// time-bucket layout those of k's shard from a view no older than
-// bucketViewMaxAge.
-func (s *pgStore) doStatements(ctx context.Context, q querier, k Key) (shardSQL, error) {
-	if !s.buckets {
-		return shardSQL{lock: s.lockOneSQL, lookup: s.lookupAtSQL, insert: s.insertDoneSQL}, nil
-	}
+// planDo returns Do's statements for k: those of k's shard from a view no
+// older than viewMaxAge.
+func (s *bucketStore) planDo(ctx context.Context, q querier, k Key) (doPlan, error) {
 	v := s.view.Load()
 	if v == nil || time.Since(v.loaded) > s.viewMaxAge {
 		var err error
 		if v, err = s.loadView(ctx, q); err != nil {
-			return shardSQL{}, fmt.Errorf("bucket view: %w", err)
+			return doPlan{}, fmt.Errorf("bucket view: %w", err)
 		}
 	}
 	st := v.shards[shardOf(k, s.shards)]
@@ -235,11 +403,30 @@ func (s *pgStore) doStatements(ctx context.Context, q querier, k Key) (shardSQL,
 	return st, nil
 }
 
-// invalidateView makes the next claim load the bucket view again.
-func (s *pgStore) invalidateView() { s.view.Store(nil) }
+// forgetPlans makes the next claim load the bucket view again.
+func (s *bucketStore) forgetPlans() { s.view.Store(nil) }
+
+// planStale reports whether err says the bucket view was stale (see
+// isStaleView), and if so forgets it.
+func (s *bucketStore) planStale(err error) bool {
+	if !isStaleView(err) {
+		return false
+	}
+	s.forgetPlans()
+	return true
+}
+
+// queueClaim: the lock statement also says whether the transaction is READ
+// COMMITTED and whether the plan's newest bucket is still the newest.
+func (s *bucketStore) queueClaim(b *pgx.Batch, p doPlan, k Key, c *doClaim) {
+	b.Queue(p.lock, lockKey(k)).QueryRow(func(row pgx.Row) error {
+		return row.Scan(&c.locked, &c.now, &c.readCommitted, &c.fresh)
+	})
+	queueLookup(b, p.lookup, k, c.row.destAt(), &c.found)
+}
 
 // loadView reads the bucket list and builds each shard's statements.
-func (s *pgStore) loadView(ctx context.Context, q querier) (*bucketView, error) {
+func (s *bucketStore) loadView(ctx context.Context, q querier) (*bucketView, error) {
 	ids := make([][]int32, s.shards)
 	opened := make([]time.Time, s.shards)
 	loaded := time.Now()
@@ -262,7 +449,7 @@ func (s *pgStore) loadView(ctx context.Context, q querier) (*bucketView, error) 
 	}); err != nil {
 		return nil, err
 	}
-	v := &bucketView{loaded: loaded, dbTime: dbTime, shards: make([]shardSQL, s.shards)}
+	v := &bucketView{loaded: loaded, dbTime: dbTime, shards: make([]doPlan, s.shards)}
 	for sh, list := range ids {
 		if len(list) == 0 {
 			return nil, fmt.Errorf("shard %d has no bucket", sh)
@@ -276,11 +463,11 @@ func (s *pgStore) loadView(ctx context.Context, q querier) (*bucketView, error) 
 
 // shardStatements builds Do's statements for a shard whose buckets are
 // ids (ascending; the last is the newest).
-func (s *pgStore) shardStatements(ids []int32) shardSQL {
+func (s *bucketStore) shardStatements(ids []int32) doPlan {
 	newest := int(ids[len(ids)-1])
 	next := s.ident(bucketName(newest + s.shards))
 	fresh := `to_regclass('` + strings.ReplaceAll(next, "'", "''") + `') IS NULL`
-	var st shardSQL
+	var st doPlan
 	st.lockEarly = strings.NewReplacer("{T}", s.table, "{OID}", s.oid).Replace(
 		`SELECT pg_try_advisory_xact_lock($1::bigint # {OID}) AS locked, now(),
 			current_setting('transaction_isolation') = 'read committed', true`)
@@ -346,15 +533,6 @@ func isStaleView(err error) bool {
 		pgErr.Code == "42P01" && strings.Contains(pgErr.Message, "processed_events_b"))
 }
 
-// isNoPartition reports whether err is Postgres finding no partition for a
-// row written through the partitioned table: on the time-bucket layout, a
-// row meant for a bucket opened after the session last brought its cached
-// list of partitions up to date (see refreshPartitions).
-func isNoPartition(err error) bool {
-	var pgErr *pgconn.PgError
-	return errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.HasPrefix(pgErr.Message, "no partition of relation")
-}
-
 // refreshPartitions brings the session's cached list of the ledger's
 // partitions up to date, inside the transaction on q, so that a claim
 // made again can write into k's shard's newest bucket. A session applies
@@ -365,7 +543,7 @@ func isNoPartition(err error) bool {
 // the bucket list with fresh snapshots. Taking the lock the claim needs on
 // the newest bucket's table, named from the bucket list, brings the list
 // up to date.
-func (s *pgStore) refreshPartitions(ctx context.Context, q querier, k Key) error {
+func (s *bucketStore) refreshPartitions(ctx context.Context, q querier, k Key) error {
 	var id int32
 	if err := q.QueryRow(ctx, `SELECT max(id) FROM `+s.ident("processed_events_buckets")+` WHERE shard = $1`,
 		shardOf(k, s.shards)).Scan(&id); err != nil {
@@ -373,14 +551,6 @@ func (s *pgStore) refreshPartitions(ctx context.Context, q querier, k Key) error
 	}
 	_, err := q.Exec(ctx, `LOCK TABLE `+s.ident(bucketName(int(id)))+` IN ROW EXCLUSIVE MODE`)
 	return err
-}
-
-// ident quotes name, qualified with the ledger's schema when it has one.
-func (s *pgStore) ident(name string) string {
-	if s.schema == "" {
-		return pgx.Identifier{name}.Sanitize()
-	}
-	return pgx.Identifier{s.schema, name}.Sanitize()
 }
 
 // maintainBuckets is the janitor's pass on the time-bucket layout, under the
@@ -392,8 +562,8 @@ func (s *pgStore) ident(name string) string {
 // detaches and drops every bucket closed at least MaxTTL ago (all its rows
 // have expired) that holds no running lease. It returns the rows the
 // dropped buckets held, as Postgres estimates them.
-func (s *pgStore) maintainBuckets(ctx context.Context, l *Ledger) (dropped int64, locked bool, err error) {
-	pc, err := l.pool.Acquire(ctx)
+func (s *bucketStore) maintainBuckets(ctx context.Context, pool *pgxpool.Pool) (dropped int64, locked bool, err error) {
+	pc, err := pool.Acquire(ctx)
 	if err != nil {
 		return 0, false, err
 	}
@@ -432,7 +602,7 @@ func (s *pgStore) maintainBuckets(ctx context.Context, l *Ledger) (dropped int64
 	changed := false
 	defer func() {
 		if changed {
-			s.invalidateView()
+			s.forgetPlans()
 		}
 	}()
 
@@ -596,20 +766,10 @@ func execCancelling(ctx context.Context, conn *pgx.Conn, sql string) error {
 // with it could outlive its bucket), before anything runs. The SQL
 // functions (leases, takeovers, DoTx) refuse it themselves. The error is
 // the one they raise: SQLSTATE 22023 (invalid_parameter_value).
-func (s *pgStore) checkTTL(ttl time.Duration) error {
-	if !s.buckets || ttl <= s.maxTTL {
+func (s *bucketStore) checkTTL(ttl time.Duration) error {
+	if ttl <= s.maxTTL {
 		return nil
 	}
 	return &pgconn.PgError{Severity: "ERROR", Code: "22023",
 		Message: fmt.Sprintf("justonce: TTL of %s exceeds the ledger's MaxTTL of %s", ttl, s.maxTTL)}
 }
-
-// errNotReadCommitted is Do's refusal of a transaction stricter than READ
-// COMMITTED on the time-bucket layout, with the SQLSTATE the layout's SQL
-// functions raise for it.
-var errNotReadCommitted = &pgconn.PgError{Severity: "ERROR", Code: "0A000",
-	Message: "justonce: the time-bucket ledger claims only in READ COMMITTED transactions"}
-
-// errStaleView is the claim's error when the bucket view was stale and
-// the retries ran out.
-var errStaleView = errors.New("the ledger's bucket list changed during the claim")
