@@ -69,14 +69,6 @@ func (r Replication) reason() string {
 	}
 }
 
-// replicationSQL reads the settings of the ledger's session and the
-// server's walsenders: pg_basebackup's are not standbys.
-const replicationSQL = `SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'),
-	pg_is_in_recovery(),
-	count(*) FILTER (WHERE state IS NULL OR state <> 'backup'),
-	count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')),
-	count(*) FILTER (WHERE state IS NULL)
-FROM pg_stat_replication`
 
 // CheckReplication asks the ledger's database whether the commits it
 // acknowledges are on a standby already, for a start-up check or a
@@ -91,16 +83,9 @@ FROM pg_stat_replication`
 // synchronous_standby_names while no standby is connected (Patroni's
 // default, non-strict mode) makes it ErrNotReplicated for that time.
 func (l *Ledger) CheckReplication(ctx context.Context) (Replication, error) {
-	var r Replication
-	var standbys, sync, hidden int64
-	err := l.pool.QueryRow(ctx, replicationSQL).Scan(&r.SynchronousCommit, &r.SynchronousStandbyNames,
-		&r.InRecovery, &standbys, &sync, &hidden)
+	r, err := l.store.rows.replication(ctx, l.pool)
 	if err != nil {
 		return Replication{}, storeErr("replication", err)
-	}
-	r.Standbys, r.SyncStandbys = int(standbys), int(sync)
-	if hidden > 0 {
-		r.SyncStandbys = -1
 	}
 	if why := r.reason(); why != "" {
 		return r, fmt.Errorf("%w: %s", ErrNotReplicated, why)

@@ -130,6 +130,9 @@ type rowVerbs interface {
 	live(ctx context.Context, q querier, scope, tenant string) (int64, error)
 	// stats: live rows by scope and status.
 	stats(ctx context.Context, q querier) ([]ScopeStats, error)
+	// replication reads how the server replicates the session's commits
+	// (CheckReplication): the settings, and its walsenders.
+	replication(ctx context.Context, q querier) (Replication, error)
 }
 
 // The verbs' parameters.
@@ -833,6 +836,31 @@ func (s *rowStore) stats(ctx context.Context, q querier) ([]ScopeStats, error) {
 		st.OldestLease = derefTime(oldest)
 		return st, err
 	})
+}
+
+// replicationSQL reads the settings of the ledger's session and the
+// server's walsenders: pg_basebackup's are not standbys. The last column
+// counts the walsenders whose state the role may not read.
+const replicationSQL = `SELECT current_setting('synchronous_commit'), current_setting('synchronous_standby_names'),
+	pg_is_in_recovery(),
+	count(*) FILTER (WHERE state IS NULL OR state <> 'backup'),
+	count(*) FILTER (WHERE sync_state IN ('sync', 'quorum')),
+	count(*) FILTER (WHERE state IS NULL)
+FROM pg_stat_replication`
+
+func (s *rowStore) replication(ctx context.Context, q querier) (Replication, error) {
+	var r Replication
+	var standbys, sync, hidden int64
+	err := q.QueryRow(ctx, replicationSQL).Scan(&r.SynchronousCommit, &r.SynchronousStandbyNames,
+		&r.InRecovery, &standbys, &sync, &hidden)
+	if err != nil {
+		return Replication{}, err
+	}
+	r.Standbys, r.SyncStandbys = int(standbys), int(sync)
+	if hidden > 0 {
+		r.SyncStandbys = -1 // the role may not read pg_stat_replication's sync_state
+	}
+	return r, nil
 }
 
 func (s *rowStore) live(ctx context.Context, q querier, scope, tenant string) (n int64, err error) {
