@@ -7,7 +7,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/justonce/justonce/internal/backoff"
+	"github.com/justonce/justonce/backoff"
 )
 
 // Lease is a key claimed in lease mode, for effects outside the database
@@ -253,7 +253,7 @@ func (ls *Lease) CompleteRetrying(ctx context.Context, res Result, lost <-chan s
 		}
 		ls.l.cfg.Logger.WarnContext(ctx, "justonce/inbox: recording a lease-mode result failed, will retry",
 			"key", ls.req.Key.String(), "err", err)
-		t := time.NewTimer(backoff.Delay(20*time.Millisecond, time.Second, 2, n))
+		t := time.NewTimer(backoff.Backoff{Initial: 20 * time.Millisecond, Max: time.Second, Multiplier: 2}.Delay(n))
 		select {
 		case <-ctx.Done():
 			t.Stop()
