@@ -14,6 +14,7 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/transports/internal/front"
 	"github.com/justonce/justonce/transports/internal/kafkarec"
 	"github.com/justonce/justonce/transports/internal/lanes"
 	"github.com/justonce/justonce/transports/internal/offsets"
@@ -22,13 +23,9 @@ import (
 // Consumer is one member of a Kafka consumer group whose handler runs once
 // per event ID. Create it with New and start it with Run.
 type Consumer struct {
+	front.Front
 	cfg    Config
-	h      consumer.Handler
-	userDL bool // Processor.DeadLetter was given
-	proc   *consumer.Processor
-	log    *slog.Logger
 	client atomic.Pointer[kgo.Client] // Run's client, which produces dead letters
-	ran    atomic.Bool
 }
 
 // errNotRunning is a dead letter's error before Run has a client (never
@@ -51,21 +48,14 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
-	c := &Consumer{cfg: cfg, h: h, userDL: cfg.Processor.DeadLetter != nil}
-	if !c.userDL {
-		cfg.Processor.DeadLetter = c.deadLetterTo(func() *kgo.Client { return c.client.Load() })
-	}
-	p, err := consumer.New(cfg.Processor, h)
+	c := &Consumer{cfg: cfg.withDefaults()}
+	pc, err := c.Init(c.cfg.Processor, h, func() front.DeadLetter {
+		return c.deadLetterTo(func() *kgo.Client { return c.client.Load() })
+	})
 	if err != nil {
 		return nil, err
 	}
-	c.proc = p
-	c.cfg.Processor = p.Config()
-	c.log = cfg.Processor.Ledger.Logger()
-	if c.log == nil {
-		c.log = slog.New(slog.DiscardHandler)
-	}
+	c.cfg.Processor = pc
 	return c, nil
 }
 
@@ -100,7 +90,7 @@ func (c *Consumer) baseOptions() []kgo.Opt {
 		kgo.HeartbeatInterval(DefaultHeartbeatInterval),
 		kgo.FetchMaxWait(time.Second),
 		kgo.AllowAutoTopicCreation(), // dead-letter topics, where the brokers allow it
-		kgo.WithLogger(kgoLogger{c.log}),
+		kgo.WithLogger(kgoLogger{c.Log}),
 	}
 	opts = append(opts, c.cfg.ClientOptions...)
 	return append(opts, kgo.SeedBrokers(c.cfg.Brokers...))
@@ -132,8 +122,8 @@ func (c *Consumer) clientOptions(s *session) []kgo.Opt {
 // when the client cannot be configured. A second call returns
 // consumer.ErrRunOnce.
 func (c *Consumer) Run(ctx context.Context) error {
-	if !c.ran.CompareAndSwap(false, true) {
-		return consumer.ErrRunOnce
+	if err := c.Started(); err != nil {
+		return err
 	}
 	s := c.newSession(ctx)
 	cl, err := kgo.NewClient(c.clientOptions(s)...)
@@ -174,9 +164,9 @@ func (c *Consumer) newSession(ctx context.Context) *session {
 	s.lanes = lanes.New[topicPartition](context.WithoutCancel(ctx), ctx, lanes.Config{
 		Scheduling: c.cfg.Scheduling,
 		Buffer:     max(c.cfg.MaxBuffered, c.cfg.BatchSize),
-		Proc:       c.proc,
+		Proc:       c.Proc,
 		Settle:     s.settle,
-		Log:        c.log,
+		Log:        c.Log,
 		Name:       "justonce franz",
 	})
 	return s
@@ -257,7 +247,7 @@ func (s *session) poll(ctx context.Context) {
 			continue
 		}
 		if !failing {
-			s.c.log.WarnContext(ctx, "justonce franz: fetch failed, retrying", "topics", s.c.cfg.Topics, "err", errors.Join(errs...))
+			s.c.Log.WarnContext(ctx, "justonce franz: fetch failed, retrying", "topics", s.c.cfg.Topics, "err", errors.Join(errs...))
 			failing = true
 		}
 		if got == 0 && consumer.Sleep(ctx, 500*time.Millisecond) != nil {
@@ -334,7 +324,7 @@ func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[st
 			s.forget(gone)
 			rv.End()
 		}
-		s.c.log.Debug("justonce franz: partitions revoked; waiting for their handlers in flight",
+		s.c.Log.Debug("justonce franz: partitions revoked; waiting for their handlers in flight",
 			"partitions", len(gone), "lost", !commit, "lanes_running", rv.Running())
 
 		budget := DefaultRebalanceTimeout
@@ -431,7 +421,7 @@ func (s *session) commitLocked(ctx context.Context, cl *kgo.Client, only map[top
 	})
 	s.tr.Committed(ok)
 	if len(errs) > 0 && ctx.Err() == nil {
-		s.c.log.WarnContext(ctx, "justonce franz: offset commit failed; will retry (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "err", errors.Join(errs...))
+		s.c.Log.WarnContext(ctx, "justonce franz: offset commit failed; will retry (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "err", errors.Join(errs...))
 	}
 }
 

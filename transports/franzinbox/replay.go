@@ -234,7 +234,7 @@ func (c *Consumer) Replay(ctx context.Context, cfg ReplayConfig, opts consumer.R
 		cfg.ClientOptions = c.cfg.ClientOptions
 	}
 	pc := c.cfg.Processor
-	if !c.userDL && !opts.DryRun {
+	if !c.UserDL && !opts.DryRun {
 		// A producer of the replay's own: Run's client may not exist.
 		cl, err := kgo.NewClient(c.baseOptions()...)
 		if err != nil {
@@ -243,7 +243,7 @@ func (c *Consumer) Replay(ctx context.Context, cfg ReplayConfig, opts consumer.R
 		defer cl.Close()
 		pc.DeadLetter = c.deadLetterTo(func() *kgo.Client { return cl })
 	}
-	return kafkareplay.WithHandler(pc, c.h, opts, func(p *consumer.Processor) (consumer.ReplayReport, error) {
+	return kafkareplay.WithHandler(pc, c.Handler, opts, func(p *consumer.Processor) (consumer.ReplayReport, error) {
 		return Replay(ctx, cfg, p, opts)
 	})
 }

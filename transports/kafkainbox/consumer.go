@@ -5,12 +5,12 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/transports/internal/front"
 	"github.com/justonce/justonce/transports/internal/kafkarec"
 	"github.com/justonce/justonce/transports/internal/lanes"
 	"github.com/justonce/justonce/transports/internal/offsets"
@@ -19,14 +19,10 @@ import (
 // Consumer is one member of a Kafka consumer group whose handler runs once
 // per event ID. Create it with New and start it with Run.
 type Consumer struct {
+	front.Front
 	cfg       Config
-	h         consumer.Handler
-	userDL    bool // Processor.DeadLetter was given
-	proc      *consumer.Processor
-	log       *slog.Logger
 	writer    *kafka.Writer // dead letters; nil when Processor.DeadLetter was given
 	ownWriter bool
-	ran       atomic.Bool
 	leftover  sync.WaitGroup // handlers left behind at a rebalance
 }
 
@@ -46,19 +42,15 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
-	c := &Consumer{cfg: cfg, h: h, userDL: cfg.Processor.DeadLetter != nil}
-	if !c.userDL {
+	c := &Consumer{cfg: cfg.withDefaults()}
+	pc, err := c.Init(c.cfg.Processor, h, func() front.DeadLetter {
 		c.writer, c.ownWriter = c.deadLetterWriter()
-		cfg.Processor.DeadLetter = c.deadLetterTo(c.writer)
-	}
-	p, err := consumer.New(cfg.Processor, h)
+		return c.deadLetterTo(c.writer)
+	})
 	if err != nil {
 		return nil, err
 	}
-	c.proc = p
-	c.cfg.Processor = p.Config()
-	c.log = cfg.Processor.Ledger.Logger()
+	c.cfg.Processor = pc
 	return c, nil
 }
 
@@ -107,8 +99,8 @@ func (c *Consumer) readerConfig() kafka.ReaderConfig {
 		// lag, which nothing here uses.
 		ReadLagInterval: -1,
 		ErrorLogger: kafka.LoggerFunc(func(format string, args ...any) {
-			if c.log.Enabled(context.Background(), slog.LevelWarn) {
-				c.log.Warn("justonce kafka: kafka-go: " + fmt.Sprintf(format, args...))
+			if c.Log.Enabled(context.Background(), slog.LevelWarn) {
+				c.Log.Warn("justonce kafka: kafka-go: " + fmt.Sprintf(format, args...))
 			}
 		}),
 	}
@@ -141,8 +133,8 @@ func (c *Consumer) readerConfig() kafka.ReaderConfig {
 // coordinator, so an offset never moves back below what the partition's
 // next owner committed.
 func (c *Consumer) Run(ctx context.Context) error {
-	if !c.ran.CompareAndSwap(false, true) {
-		return consumer.ErrRunOnce
+	if err := c.Started(); err != nil {
+		return err
 	}
 	defer c.closeWriter()
 	rc := c.readerConfig()
@@ -168,7 +160,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		gen, err := group.Next(ctx)
 		if err != nil {
 			if ctx.Err() == nil && !failing {
-				c.log.WarnContext(ctx, "justonce kafka: joining the group failed, retrying", "group", c.cfg.GroupID, "err", err)
+				c.Log.WarnContext(ctx, "justonce kafka: joining the group failed, retrying", "group", c.cfg.GroupID, "err", err)
 				failing = true
 			}
 			continue // kafka-go waits JoinGroupBackoff before it tries again
@@ -178,7 +170,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	// Leaves the group; the last generation's session has committed.
 	if err := group.Close(); err != nil {
-		c.log.WarnContext(ctx, "justonce kafka: leaving the group", "group", c.cfg.GroupID, "err", err)
+		c.Log.WarnContext(ctx, "justonce kafka: leaving the group", "group", c.cfg.GroupID, "err", err)
 	}
 	// Handlers left behind at a rebalance were cancelled; return once
 	// they have.
@@ -252,7 +244,7 @@ func (c *Consumer) closeWriter() {
 
 func (c *Consumer) closeOwned(w *kafka.Writer) {
 	if err := w.Close(); err != nil {
-		c.log.Warn("justonce kafka: closing the dead-letter writer", "err", err)
+		c.Log.Warn("justonce kafka: closing the dead-letter writer", "err", err)
 	}
 	if t, ok := w.Transport.(*kafka.Transport); ok {
 		t.CloseIdleConnections()
@@ -293,10 +285,10 @@ func (c *Consumer) newSession(ctx context.Context, gen *kafka.Generation, rc kaf
 	s.lanes = lanes.New[topicPartition](context.WithoutCancel(ctx), ctx, lanes.Config{
 		Scheduling: c.cfg.Scheduling,
 		Buffer:     max(c.cfg.MaxBuffered, c.cfg.BatchSize),
-		Proc:       c.proc,
+		Proc:       c.Proc,
 		Filter:     s.marker,
 		Settle:     s.settle,
-		Log:        c.log,
+		Log:        c.Log,
 		Name:       "justonce kafka",
 	})
 	return s
@@ -321,7 +313,7 @@ func (s *session) run(ctx, gctx context.Context, rebalanceGrace time.Duration) {
 	for _, a := range assigned {
 		r, err := partitionReader(s.rc, a, len(assigned))
 		if err != nil {
-			s.c.log.WarnContext(ctx, "justonce kafka: cannot read an assigned partition in this generation", "topic", cfg.Topic, "partition", a.ID, "err", err)
+			s.c.Log.WarnContext(ctx, "justonce kafka: cannot read an assigned partition in this generation", "topic", cfg.Topic, "partition", a.ID, "err", err)
 			continue
 		}
 		fetchers.Add(1)
@@ -329,7 +321,7 @@ func (s *session) run(ctx, gctx context.Context, rebalanceGrace time.Duration) {
 			defer fetchers.Done()
 			s.fetch(fetchCtx, r)
 			if err := r.Close(); err != nil {
-				s.c.log.WarnContext(ctx, "justonce kafka: closing a partition's reader", "topic", cfg.Topic, "partition", a.ID, "err", err)
+				s.c.Log.WarnContext(ctx, "justonce kafka: closing a partition's reader", "topic", cfg.Topic, "partition", a.ID, "err", err)
 			}
 		}()
 	}
@@ -372,7 +364,7 @@ func (s *session) fetch(ctx context.Context, r *kafka.Reader) {
 				return
 			}
 			if !failing {
-				s.c.log.WarnContext(ctx, "justonce kafka: fetch failed, retrying", "topic", s.c.cfg.Topic, "partition", r.Config().Partition, "err", err)
+				s.c.Log.WarnContext(ctx, "justonce kafka: fetch failed, retrying", "topic", s.c.cfg.Topic, "partition", r.Config().Partition, "err", err)
 				failing = true
 			}
 			if consumer.Sleep(ctx, 500*time.Millisecond) != nil {
@@ -411,12 +403,12 @@ func (s *session) marker(run, stopping context.Context, m *consumer.Message) (ma
 		ctl, err := s.ctl.isControl(run, tp, m.Offset)
 		if err == nil {
 			if ctl {
-				s.c.log.Debug("justonce kafka: skipping a transaction marker", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
+				s.c.Log.Debug("justonce kafka: skipping a transaction marker", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
 			}
 			return ctl, true
 		}
 		if !failing {
-			s.c.log.Warn("justonce kafka: cannot tell whether a record is a transaction marker; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
+			s.c.Log.Warn("justonce kafka: cannot tell whether a record is a transaction marker; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
 			failing = true
 		}
 		if consumer.Sleep(stopping, 500*time.Millisecond) != nil {
@@ -465,7 +457,7 @@ func (s *session) commit(ctx context.Context) {
 		byTopic[tp.topic][tp.partition] = next
 	}
 	if err := s.gen.CommitOffsets(byTopic); err != nil {
-		s.c.log.WarnContext(ctx, "justonce kafka: offset commit failed; will retry while the generation lasts (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "generation", s.gen.ID, "err", err)
+		s.c.Log.WarnContext(ctx, "justonce kafka: offset commit failed; will retry while the generation lasts (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "generation", s.gen.ID, "err", err)
 		return
 	}
 	s.tr.Committed(offs)

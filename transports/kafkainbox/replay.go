@@ -217,7 +217,7 @@ func (c *Consumer) Replay(ctx context.Context, cfg ReplayConfig, opts consumer.R
 		cfg.Dialer = c.readerConfig().Dialer
 	}
 	pc := c.cfg.Processor
-	if !c.userDL && !opts.DryRun {
+	if !c.UserDL && !opts.DryRun {
 		// A writer of the replay's own: Run closes the Consumer's.
 		w, owned := c.deadLetterWriter()
 		if owned {
@@ -225,7 +225,7 @@ func (c *Consumer) Replay(ctx context.Context, cfg ReplayConfig, opts consumer.R
 		}
 		pc.DeadLetter = c.deadLetterTo(w)
 	}
-	return kafkareplay.WithHandler(pc, c.h, opts, func(p *consumer.Processor) (consumer.ReplayReport, error) {
+	return kafkareplay.WithHandler(pc, c.Handler, opts, func(p *consumer.Processor) (consumer.ReplayReport, error) {
 		return Replay(ctx, cfg, p, opts)
 	})
 }

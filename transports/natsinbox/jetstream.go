@@ -78,7 +78,7 @@ func (c *Consumer) setup(ctx context.Context) (jetstream.Consumer, time.Duration
 	if ttl == 0 {
 		ttl = c.proc.Config().Ledger.DefaultTTL()
 	}
-	if si.Config.MaxAge > ttl {
+	if outlivesLedger(si.Config.MaxAge, ttl) {
 		c.log.WarnContext(ctx, "justonce natsinbox: the stream keeps messages longer than the ledger keeps their IDs; a redelivery or replay after the ledger row expired runs the handler again",
 			"stream", c.cfg.Stream, "max_age", si.Config.MaxAge, "ledger_ttl", ttl)
 	}
@@ -87,6 +87,13 @@ func (c *Consumer) setup(ctx context.Context) (jetstream.Consumer, time.Duration
 		ackWait = DefaultAckWait
 	}
 	return cons, ackWait, nil
+}
+
+// outlivesLedger reports whether a stream whose messages are kept maxAge
+// (0: JetStream's default, for ever) may hand out a message after the
+// ledger forgot its ID (kept ttl).
+func outlivesLedger(maxAge, ttl time.Duration) bool {
+	return maxAge == 0 || maxAge > ttl
 }
 
 func (c *Consumer) runJetStream(ctx context.Context) error {
