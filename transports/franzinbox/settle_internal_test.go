@@ -44,7 +44,8 @@ func TestSettleOfAnEndedAssignmentIsNotRecorded(t *testing.T) {
 	proc := heldProc{held: 5, started: make(chan struct{}), release: make(chan struct{})}
 	s := &session{tr: offsets.NewTracker[topicPartition]()}
 	s.lanes = lanes.New[topicPartition](context.Background(), context.Background(), lanes.Config{
-		Scheduling: consumer.Scheduling{Concurrency: 1, BatchSize: 1},
+		// Two slots: the handler left behind keeps one.
+		Scheduling: consumer.Scheduling{Concurrency: 2, BatchSize: 1},
 		Buffer:     10,
 		Proc:       proc,
 		Settle:     s.settle,

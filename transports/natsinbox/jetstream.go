@@ -36,7 +36,7 @@ func (c *Consumer) setup(ctx context.Context) (jetstream.Consumer, time.Duration
 		if cc.AckPolicy != jetstream.AckExplicitPolicy {
 			return nil, 0, fmt.Errorf("%w: natsinbox: durable %q must use explicit acks, has %s", inbox.ErrConfig, c.cfg.Durable, cc.AckPolicy)
 		}
-		if max := c.proc.Config().MaxAttempts; cc.MaxDeliver > 0 && cc.MaxDeliver < max {
+		if max := c.Proc.Config().MaxAttempts; cc.MaxDeliver > 0 && cc.MaxDeliver < max {
 			return nil, 0, fmt.Errorf("%w: natsinbox: durable %q has MaxDeliver %d below Processor.MaxAttempts %d: JetStream would stop delivering a failing message before it is dead-lettered",
 				inbox.ErrConfig, c.cfg.Durable, cc.MaxDeliver, max)
 		}
@@ -74,12 +74,12 @@ func (c *Consumer) setup(ctx context.Context) (jetstream.Consumer, time.Duration
 	if err := c.cfg.checkDeadLetterLoop(subjects); err != nil {
 		return nil, 0, err
 	}
-	ttl := c.proc.Config().TTL
+	ttl := c.Proc.Config().TTL
 	if ttl == 0 {
-		ttl = c.proc.Config().Ledger.DefaultTTL()
+		ttl = c.Proc.Config().Ledger.DefaultTTL()
 	}
 	if outlivesLedger(si.Config.MaxAge, ttl) {
-		c.log.WarnContext(ctx, "justonce natsinbox: the stream keeps messages longer than the ledger keeps their IDs; a redelivery or replay after the ledger row expired runs the handler again",
+		c.Log.WarnContext(ctx, "justonce natsinbox: the stream keeps messages longer than the ledger keeps their IDs; a redelivery or replay after the ledger row expired runs the handler again",
 			"stream", c.cfg.Stream, "max_age", si.Config.MaxAge, "ledger_ttl", ttl)
 	}
 	ackWait := info.Config.AckWait
@@ -108,7 +108,7 @@ func (c *Consumer) runJetStream(ctx context.Context) error {
 			every = ackWait / 3
 		}
 		c.hb = &heartbeat{msgs: map[jetstream.Msg]struct{}{}}
-		go c.hb.run(hbStop, every, c.log)
+		go c.hb.run(hbStop, every, c.Log)
 	}
 	return c.runConsume(ctx, cons)
 }
@@ -145,7 +145,7 @@ func (c *Consumer) runConsume(ctx context.Context, cons jetstream.Consumer) erro
 		Scheduling: c.cfg.Scheduling,
 		Buffer:     size - 1, // a batch's worth waiting beside the one a worker takes
 		Width:      c.cfg.Concurrency,
-		Proc:       c.proc,
+		Proc:       c.Proc,
 		Start: func(ms []*consumer.Message) {
 			for _, msg := range ms {
 				c.hb.add(msg.Raw.(jetstream.Msg))
@@ -155,7 +155,7 @@ func (c *Consumer) runConsume(ctx context.Context, cons jetstream.Consumer) erro
 		Drop: func(msg *consumer.Message, cause error) {
 			c.settleMsg(msg, consumer.Decision{Action: consumer.Stop, Err: cause})
 		},
-		Log:  c.log,
+		Log:  c.Log,
 		Name: "justonce natsinbox",
 	})
 	defer sched.Cancel()
@@ -178,7 +178,7 @@ func (c *Consumer) runConsume(ctx context.Context, cons jetstream.Consumer) erro
 				terminal = err
 				mu.Unlock()
 			}
-			c.log.WarnContext(ctx, "justonce natsinbox: consume", "durable", c.cfg.Durable, "err", err)
+			c.Log.WarnContext(ctx, "justonce natsinbox: consume", "durable", c.cfg.Durable, "err", err)
 		}),
 	)
 	if err != nil {
