@@ -113,21 +113,6 @@ func (c *Consumer) runJetStream(ctx context.Context) error {
 	return c.runConsume(ctx, cons)
 }
 
-// waitUntil is the wait between attempts given to the runtime's retry loop
-// (consumer.Processor.Retry): every retry, counted (the handler failed) or
-// not (the database was unavailable, another consumer held the event),
-// happens in place, with the message kept InProgress by the heartbeat,
-// rather than through a Nak and a redelivery. The attempt count stays with
-// the message in this process, and a poison message occupies one worker
-// for its retry budget without being handed to another member with its
-// count lost. When stopping ends, the wait ends at once (an attempt in
-// progress runs to its decision on the handlers' context first); the Stop
-// decision that follows Naks the message, and its counts are kept for its
-// redelivery (see remember).
-func waitUntil(stopping context.Context) func(context.Context, time.Duration) error {
-	return func(_ context.Context, d time.Duration) error { return consumer.Sleep(stopping, d) }
-}
-
 // runConsume pulls with Consume and hands the messages to the workers:
 // one lane (lanes.Scheduler) that Concurrency goroutines drain. With
 // batching (BatchSize > 1) a worker takes, with each message, the ones
@@ -137,6 +122,18 @@ func waitUntil(stopping context.Context) func(context.Context, time.Duration) er
 // settled (acked, Nak'ed, Term'ed) as it is made. Messages pulled but not
 // started when the consumer stops are Nak'ed, so that another member gets
 // them at once.
+//
+// Every retry, counted (the handler failed) or not (the database was
+// unavailable, another consumer held the event), happens in place (the
+// scheduler's wait, given to consumer.Processor.Retry), with the message
+// kept InProgress by the heartbeat, rather than through a Nak and a
+// redelivery. The attempt count stays with the message in this process,
+// and a poison message occupies one worker for its retry budget without
+// being handed to another member with its count lost. When the consumer
+// stops, the wait ends at once (an attempt in progress runs to its
+// decision on the handlers' context first); the Stop decision that follows
+// Naks the message, and its counts are kept for its redelivery (see
+// remember).
 func (c *Consumer) runConsume(ctx context.Context, cons jetstream.Consumer) error {
 	size := max(1, c.cfg.BatchSize)
 	// The lane stops as soon as ctx ends (synchronously, so that a batch
