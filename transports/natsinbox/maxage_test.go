@@ -1,11 +1,9 @@
 package natsinbox
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -17,24 +15,6 @@ import (
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
 )
-
-// syncBuffer is a log sink safe for concurrent writes.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
 
 // Run warns when the stream may hand out a message after the ledger
 // forgot its ID: a MaxAge above the ledger's TTL, and JetStream's default
@@ -55,7 +35,7 @@ func TestWarnsWhenTheStreamOutlivesTheLedger(t *testing.T) {
 		{"MaxAge below the TTL", ttl / 2, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			var logs syncBuffer
+			var logs testsvc.LogBuffer
 			ledger, err := inbox.New(pg.Pool, inbox.Config{Logger: slog.New(slog.NewTextHandler(&logs, nil))})
 			require.NoError(t, err)
 			subject := testsvc.Unique("maxage")

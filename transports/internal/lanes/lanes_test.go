@@ -67,6 +67,17 @@ func (p *fakeProc) Retry(ctx context.Context, m *consumer.Message, d consumer.De
 	return d
 }
 
+// holding returns a fakeProc whose attempt at offset off waits for
+// release; the others ack at once.
+func holding(off int64, release <-chan struct{}) *fakeProc {
+	return &fakeProc{run: func(_ context.Context, m *consumer.Message) consumer.Decision {
+		if m.Offset == off {
+			<-release
+		}
+		return consumer.Decision{Action: consumer.Ack}
+	}}
+}
+
 func (p *fakeProc) started() []int64 {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -97,6 +108,18 @@ func (r *record) drop(m *consumer.Message, _ error) {
 	r.dropped = append(r.dropped, m.Offset)
 	r.mu.Unlock()
 	r.poke()
+}
+
+// allAcked fails the test unless every settled message was acked.
+func (r *record) allAcked(t *testing.T) {
+	t.Helper()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for off, a := range r.settled {
+		if a != consumer.Ack {
+			t.Fatalf("offset %d settled %v, want Ack", off, a)
+		}
+	}
 }
 
 func (r *record) poke() {
@@ -179,11 +202,7 @@ func TestLaneRunsItsMessagesInOrder(t *testing.T) {
 					t.Fatalf("partition %d ran out of order: %v", part, offs)
 				}
 			}
-			for off, a := range rec.settled {
-				if a != consumer.Ack {
-					t.Fatalf("offset %d settled %v", off, a)
-				}
-			}
+			rec.allAcked(t)
 		})
 	}
 }
@@ -192,12 +211,7 @@ func TestByKeyRunsKeysOfAPartitionSideBySide(t *testing.T) {
 	// Key "a"'s first message holds its lane; key "b" of the same
 	// partition goes on, and "a"'s second message waits behind the first.
 	release := make(chan struct{})
-	p := &fakeProc{run: func(_ context.Context, m *consumer.Message) consumer.Decision {
-		if m.Offset == 0 {
-			<-release
-		}
-		return consumer.Decision{Action: consumer.Ack}
-	}}
+	p := holding(0, release)
 	rec := newRecord()
 	s := newScheduler(t, p, rec, Config{Scheduling: consumer.Scheduling{Concurrency: 4, Ordering: consumer.ByKey, BatchSize: 1}})
 	a, b := "a", "b"
@@ -312,12 +326,7 @@ func TestBatchLingerEndsAtStop(t *testing.T) {
 
 func TestStopDropsQueuedMessagesAndStartsNoAttempt(t *testing.T) {
 	release := make(chan struct{})
-	p := &fakeProc{run: func(_ context.Context, m *consumer.Message) consumer.Decision {
-		if m.Offset == 0 {
-			<-release
-		}
-		return consumer.Decision{Action: consumer.Ack}
-	}}
+	p := holding(0, release)
 	rec := newRecord()
 	s := newScheduler(t, p, rec, Config{Scheduling: consumer.Scheduling{Concurrency: 1, BatchSize: 1}, Buffer: 10})
 	for off := range int64(4) {
@@ -411,21 +420,12 @@ func TestFilterSkipsOrDrops(t *testing.T) {
 	if got := p.started(); !slices.Equal(got, []int64{0, 2}) {
 		t.Fatalf("ran %v, want the unskipped 0 and 2", got)
 	}
-	for off, a := range rec.settled {
-		if a != consumer.Ack {
-			t.Fatalf("offset %d settled %v, want Ack (skipped or run)", off, a)
-		}
-	}
+	rec.allAcked(t)
 }
 
 func TestRevokeStopsOnlyItsGroups(t *testing.T) {
 	release := make(chan struct{})
-	p := &fakeProc{run: func(_ context.Context, m *consumer.Message) consumer.Decision {
-		if m.Offset == 0 {
-			<-release
-		}
-		return consumer.Decision{Action: consumer.Ack}
-	}}
+	p := holding(0, release)
 	rec := newRecord()
 	s := newScheduler(t, p, rec, Config{Scheduling: consumer.Scheduling{Concurrency: 4, BatchSize: 1}})
 	enqueue(t, s, msg(0, 0, "")) // held
