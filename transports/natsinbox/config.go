@@ -74,6 +74,7 @@ type Config struct {
 	// Heartbeat is how often a running handler's message is marked
 	// InProgress. Default a third of AckWait; negative disables it.
 	Heartbeat time.Duration
+
 	// Scheduling: Concurrency, MaxBuffered, the batches and
 	// ShutdownTimeout (see consumer.Scheduling), with the defaults of
 	// consumer.DefaultScheduling except where NATS differs:
@@ -116,6 +117,7 @@ type Config struct {
 	// Default: the message's subject with DeadLetterSuffix appended.
 	// Unused when Processor.DeadLetter is set.
 	DeadLetterSubject string
+
 	// beforeAck, for tests, is called after the ledger's transaction
 	// committed and before the message is acked.
 	beforeAck func(*consumer.Message)
