@@ -25,13 +25,17 @@
 //   - New(cfg Config, h consumer.Handler) (*Consumer, error) validates cfg
 //     and applies its defaults; it does not connect.
 //   - Config.Processor is this package's Config (Ledger is required; the
-//     front sets Scope, ID, Source and DeadLetter unless given). The same
-//     ideas have the same names in every front's Config: Concurrency (how
-//     many messages, or batches, run at once), BatchSize (how many
-//     messages at most share one ledger transaction when they are waiting;
-//     default 50, 1: one each), BatchMaxTime (how long a batch keeps
-//     starting messages) and
-//     ShutdownTimeout (how long a shutdown waits for work in flight).
+//     front sets Scope, ID, Source and DeadLetter unless given).
+//   - Config embeds this package's Scheduling, so the same ideas have the
+//     same names, defaults and validation in every front's Config:
+//     Concurrency (how many messages, or batches, run at once), Ordering
+//     (which stay in order), MaxBuffered (how many fetched messages may
+//     wait), BatchSize (how many messages at most share one ledger
+//     transaction when they are waiting; default 50, 1: one each),
+//     BatchMaxTime (how long a batch keeps starting messages), BatchLinger
+//     (how long a batch waits to fill up; default 0) and ShutdownTimeout
+//     (how long a shutdown waits for work in flight). A front whose
+//     default differs says so on its Config.
 //   - Run(ctx) error consumes until ctx ends, then shuts down: it stops
 //     fetching, lets the attempts in flight finish (handlers keep an
 //     uncancelled context for up to ShutdownTimeout, then it is cancelled

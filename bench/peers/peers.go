@@ -111,11 +111,11 @@ func consumeJustonce(ctx context.Context, a childArgs, concurrency int) error {
 		return err
 	}
 	c, err := kafkainbox.New(kafkainbox.Config{
-		Brokers:     a.brokers,
-		Topic:       a.topic,
-		GroupID:     a.group,
-		Processor:   consumer.Config{Ledger: ledger},
-		Concurrency: concurrency,
+		Brokers:    a.brokers,
+		Topic:      a.topic,
+		GroupID:    a.group,
+		Processor:  consumer.Config{Ledger: ledger},
+		Scheduling: consumer.Scheduling{Concurrency: concurrency},
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if err := a.fail.fail(m.ID); err != nil {
 			return err

@@ -294,7 +294,7 @@ func hopWorker(ctx context.Context, a *hopArgs) int {
 			return misbehave(ctx, tx, m, onceKind(kindOf(m.ID, a.every)), a.slowFor, func(s string) { a.report("hostile:" + s) })
 		}
 		c, err := kafkainbox.New(kafkainbox.Config{Brokers: strings.Split(a.brokers, ","), Topic: a.topic, GroupID: "chaos-" + a.topic,
-			Processor: pc, BatchSize: a.batch, CommitInterval: 200 * time.Millisecond}, h)
+			Processor: pc, Scheduling: consumer.Scheduling{BatchSize: a.batch}, CommitInterval: 200 * time.Millisecond}, h)
 		if err != nil {
 			return fail(err)
 		}
@@ -305,14 +305,14 @@ func hopWorker(ctx context.Context, a *hopArgs) int {
 			return fail(err)
 		}
 		c, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: hopStream, Durable: "chaos-hop",
-			Processor: pc, AckWait: 5 * time.Second, BatchSize: a.batch}, effectHandler(pipeKN))
+			Processor: pc, AckWait: 5 * time.Second, Scheduling: consumer.Scheduling{BatchSize: a.batch}}, effectHandler(pipeKN))
 		if err != nil {
 			return fail(err)
 		}
 		run = c.Run
 	case roleHKB:
 		c, err := kafkainbox.New(kafkainbox.Config{Brokers: strings.Split(a.brokers, ","), Topic: a.topic, GroupID: "chaos-" + a.topic,
-			Processor: pc, BatchSize: a.batch, CommitInterval: 200 * time.Millisecond}, effectHandler(pipeHK))
+			Processor: pc, Scheduling: consumer.Scheduling{BatchSize: a.batch}, CommitInterval: 200 * time.Millisecond}, effectHandler(pipeHK))
 		if err != nil {
 			return fail(err)
 		}

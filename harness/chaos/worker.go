@@ -178,7 +178,7 @@ func worker(args []string) int {
 	case "kafka":
 		c, err = kafkainbox.New(kafkainbox.Config{
 			Brokers: strings.Split(*brokers, ","), Topic: *topic, GroupID: "chaos-" + *topic,
-			Processor: pc, BatchSize: *batch, CommitInterval: 200 * time.Millisecond,
+			Processor: pc, Scheduling: consumer.Scheduling{BatchSize: *batch}, CommitInterval: 200 * time.Millisecond,
 		}, h)
 	case "nats":
 		nc, cerr := nats.Connect(*natsURL, nats.MaxReconnects(-1), nats.ReconnectWait(100*time.Millisecond),
@@ -189,7 +189,7 @@ func worker(args []string) int {
 		}
 		defer nc.Close()
 		c, err = natsinbox.New(natsinbox.Config{Conn: nc, Stream: *stream, Durable: "chaos",
-			Processor: pc, AckWait: 5 * time.Second, BatchSize: *batch}, h)
+			Processor: pc, AckWait: 5 * time.Second, Scheduling: consumer.Scheduling{BatchSize: *batch}}, h)
 	default:
 		fmt.Fprintln(os.Stderr, "worker: -transport kafka|nats")
 		return 2

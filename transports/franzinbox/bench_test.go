@@ -114,7 +114,7 @@ func BenchmarkConsumer(b *testing.B) {
 			return timed(func(pc consumer.Config, h consumer.Handler) interface{ Run(context.Context) error } {
 				c, err := franzinbox.New(franzinbox.Config{
 					Brokers: brokers, Topics: []string{topic}, GroupID: testsvc.Unique("franz"),
-					Concurrency: concurrency, BatchSize: batch, Processor: pc,
+					Scheduling: consumer.Scheduling{Concurrency: concurrency, BatchSize: batch}, Processor: pc,
 				}, h)
 				require.NoError(b, err)
 				return c

@@ -42,11 +42,11 @@ func (h *harness) Start(t *testing.T, topic, group string, opts consumertest.Opt
 		opts.BatchSize = 1
 	}
 	return start(t, franzinbox.Config{
-		Brokers:   h.brokers,
-		Topics:    []string{topic},
-		GroupID:   group,
-		Processor: opts.Config,
-		BatchSize: opts.BatchSize,
+		Brokers:    h.brokers,
+		Topics:     []string{topic},
+		GroupID:    group,
+		Processor:  opts.Config,
+		Scheduling: consumer.Scheduling{BatchSize: opts.BatchSize},
 	}, opts.Handler)
 }
 

@@ -14,20 +14,18 @@ import (
 	"github.com/twmb/franz-go/pkg/kmsg"
 
 	"github.com/justonce/justonce/consumer"
-	"github.com/justonce/justonce/transports/internal/keylane"
+	"github.com/justonce/justonce/transports/internal/front"
+	"github.com/justonce/justonce/transports/internal/kafkarec"
+	"github.com/justonce/justonce/transports/internal/lanes"
 	"github.com/justonce/justonce/transports/internal/offsets"
 )
 
 // Consumer is one member of a Kafka consumer group whose handler runs once
 // per event ID. Create it with New and start it with Run.
 type Consumer struct {
+	front.Front
 	cfg    Config
-	h      consumer.Handler
-	userDL bool // Processor.DeadLetter was given
-	proc   *consumer.Processor
-	log    *slog.Logger
 	client atomic.Pointer[kgo.Client] // Run's client, which produces dead letters
-	ran    atomic.Bool
 }
 
 // errNotRunning is a dead letter's error before Run has a client (never
@@ -50,21 +48,14 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
-	c := &Consumer{cfg: cfg, h: h, userDL: cfg.Processor.DeadLetter != nil}
-	if !c.userDL {
-		cfg.Processor.DeadLetter = c.deadLetterTo(func() *kgo.Client { return c.client.Load() })
-	}
-	p, err := consumer.New(cfg.Processor, h)
+	c := &Consumer{cfg: cfg.withDefaults()}
+	pc, err := c.Init(c.cfg.Processor, h, func() front.DeadLetter {
+		return c.deadLetterTo(func() *kgo.Client { return c.client.Load() })
+	})
 	if err != nil {
 		return nil, err
 	}
-	c.proc = p
-	c.cfg.Processor = p.Config()
-	c.log = cfg.Processor.Ledger.Logger()
-	if c.log == nil {
-		c.log = slog.New(slog.DiscardHandler)
-	}
+	c.cfg.Processor = pc
 	return c, nil
 }
 
@@ -84,7 +75,7 @@ func (c *Consumer) deadLetterTo(client func() *kgo.Client) func(context.Context,
 			Topic:   c.cfg.deadLetterTopic(m.Topic),
 			Key:     m.Key,
 			Value:   m.Value,
-			Headers: toRecordHeaders(consumer.DeadLetterHeadersContext(ctx, c.cfg.Processor.Scope, m, cause)),
+			Headers: kafkarec.Headers[kgo.RecordHeader](consumer.DeadLetterHeadersContext(ctx, c.cfg.Processor.Scope, m, cause)),
 		}).FirstErr()
 	}
 }
@@ -99,7 +90,7 @@ func (c *Consumer) baseOptions() []kgo.Opt {
 		kgo.HeartbeatInterval(DefaultHeartbeatInterval),
 		kgo.FetchMaxWait(time.Second),
 		kgo.AllowAutoTopicCreation(), // dead-letter topics, where the brokers allow it
-		kgo.WithLogger(kgoLogger{c.log}),
+		kgo.WithLogger(kgoLogger{c.Log}),
 	}
 	opts = append(opts, c.cfg.ClientOptions...)
 	return append(opts, kgo.SeedBrokers(c.cfg.Brokers...))
@@ -131,8 +122,8 @@ func (c *Consumer) clientOptions(s *session) []kgo.Opt {
 // when the client cannot be configured. A second call returns
 // consumer.ErrRunOnce.
 func (c *Consumer) Run(ctx context.Context) error {
-	if !c.ran.CompareAndSwap(false, true) {
-		return consumer.ErrRunOnce
+	if err := c.Started(); err != nil {
+		return err
 	}
 	s := c.newSession(ctx)
 	cl, err := kgo.NewClient(c.clientOptions(s)...)
@@ -145,33 +136,17 @@ func (c *Consumer) Run(ctx context.Context) error {
 	return nil
 }
 
-// session is one Run: the client, the partitions with their lanes of
-// messages waiting to run, and the commit watermark.
-//
-// Each lane holds the messages that must run one after the other (one
-// partition, or one key bucket of a partition with ByKey) and is drained
-// by at most one goroutine, which runs them in order. An attempt takes one
-// of Config.Concurrency slots while it runs and gives it back while the
-// runtime's retry loop waits (inSlot): a message waiting to be retried
-// holds up its own lane only, and the other lanes go on. The poll loop
-// stops polling only when Config.MaxBuffered messages are waiting in the
-// lanes.
+// session is one Run: the client, the lanes of messages waiting to run
+// (lanes.Scheduler: a lane per partition, or per key bucket of a partition
+// with ByKey; a partition's lanes stop together when it is revoked), and
+// the commit watermark. The poll loop stops polling only when
+// Config.MaxBuffered messages are waiting in the lanes.
 type session struct {
 	c        *Consumer
 	cl       *kgo.Client
 	tr       *offsets.Tracker[topicPartition]
-	stopping context.Context    // ends when Run's context ends: no new attempts
-	stop     context.CancelFunc // ends stopping
-	procCtx  context.Context
-	cancel   context.CancelFunc // cancels procCtx
-
-	buffered chan struct{} // a token per message polled and not yet taken from its lane
-	slots    chan struct{} // a token per attempt running
-	lanesWG  sync.WaitGroup
+	lanes    *lanes.Scheduler[topicPartition]
 	commitMu sync.Mutex // one commit at a time: a later one never rewinds an earlier
-
-	mu    sync.Mutex
-	parts map[topicPartition]*part
 }
 
 // topicPartition names one partition.
@@ -180,48 +155,27 @@ type topicPartition struct {
 	partition int32
 }
 
-// part is one assigned partition: its lanes and the contexts its attempts
-// run under. Fields other than the contexts are guarded by session.mu.
-type part struct {
-	stopping context.Context    // ends when Run stops or the partition is revoked
-	stop     context.CancelFunc // ends stopping
-	ctx      context.Context    // attempts run on it
-	cancel   context.CancelFunc // cancels ctx: rolls the attempts back
-	lanes    map[int]*lane      // by key bucket; -1: the partition's own
-	wg       sync.WaitGroup     // lane goroutines
-	ended    bool               // revoked or lost, and forgotten; guarded by session.mu
-}
-
-// lane is the queue of messages that run in order. Fields other than more
-// are guarded by session.mu.
-type lane struct {
-	msgs    []*consumer.Message
-	running bool          // a goroutine drains it
-	more    chan struct{} // signalled when a message is added (batch linger)
-}
-
 func (c *Consumer) newSession(ctx context.Context) *session {
+	s := &session{c: c, tr: offsets.NewTracker[topicPartition]()}
 	// Handlers run on a context that keeps ctx's values but not its
-	// cancellation, so that in-flight work finishes at shutdown.
-	procCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stopping, stop := context.WithCancel(context.WithoutCancel(ctx))
-	return &session{
-		c:        c,
-		tr:       offsets.NewTracker[topicPartition](),
-		stopping: stopping,
-		stop:     stop,
-		procCtx:  procCtx,
-		cancel:   cancel,
-		buffered: make(chan struct{}, max(c.cfg.MaxBuffered, c.cfg.BatchSize)),
-		slots:    make(chan struct{}, c.cfg.Concurrency),
-		parts:    map[topicPartition]*part{},
-	}
+	// cancellation, so that in-flight work finishes at shutdown; the
+	// lanes stop when the session stops them, a partition's when it is
+	// revoked.
+	s.lanes = lanes.New[topicPartition](context.WithoutCancel(ctx), ctx, lanes.Config{
+		Scheduling: c.cfg.Scheduling,
+		Buffer:     max(c.cfg.MaxBuffered, c.cfg.BatchSize),
+		Proc:       c.Proc,
+		Settle:     s.settle,
+		Log:        c.Log,
+		Name:       "justonce franz",
+	})
+	return s
 }
 
 func (s *session) run(ctx context.Context) {
-	defer s.cancel()
+	defer s.lanes.Cancel()
 	cfg := s.c.cfg
-	commitCtx, stopCommits := context.WithCancel(s.procCtx)
+	commitCtx, stopCommits := context.WithCancel(s.lanes.Context())
 	committerDone := make(chan struct{})
 	go func() {
 		defer close(committerDone)
@@ -232,21 +186,8 @@ func (s *session) run(ctx context.Context) {
 
 	// Shutdown: no new attempts; wait for in-flight ones. The poll loop
 	// has returned, so no lane starts after this.
-	s.stop()
-	lanesDone := make(chan struct{})
-	go func() {
-		s.lanesWG.Wait()
-		close(lanesDone)
-	}()
-	grace := time.NewTimer(cfg.ShutdownTimeout)
-	select {
-	case <-lanesDone:
-		grace.Stop()
-	case <-grace.C:
-		s.c.log.WarnContext(ctx, "justonce franz: in-flight handlers still running after the shutdown timeout; cancelling them", "timeout", cfg.ShutdownTimeout)
-		s.cancel()
-		<-lanesDone
-	}
+	s.lanes.Stop()
+	s.lanes.Await(lanes.Wait{Grace: cfg.ShutdownTimeout, What: "in-flight handlers", Why: "shutdown"})
 	stopCommits()
 	<-committerDone
 
@@ -270,38 +211,28 @@ func (s *session) poll(ctx context.Context) {
 	for {
 		// Room first: a full buffer holds the poll, never a record already
 		// taken from the client.
-		select {
-		case s.buffered <- struct{}{}:
-		case <-ctx.Done():
+		if !s.lanes.Reserve(ctx) {
 			return
 		}
 		room := 1
-	more:
-		for room < cap(s.buffered) {
-			select {
-			case s.buffered <- struct{}{}:
-				room++
-			default:
-				break more
-			}
+		for room < s.lanes.Cap() && s.lanes.TryReserve() {
+			room++
 		}
 		fs := s.cl.PollRecords(ctx, room)
 		got := 0
 		fs.EachRecord(func(r *kgo.Record) {
+			tp := topicPartition{r.Topic, r.Partition}
+			s.tr.Fetched(tp, r.Offset)
 			if r.Attrs.IsControl() {
 				// A transaction marker: nothing to run.
-				tp := topicPartition{r.Topic, r.Partition}
-				s.tr.Fetched(tp, r.Offset)
 				s.tr.Done(tp, r.Offset)
 				return
 			}
 			got++
-			s.enqueue(r)
+			s.lanes.Enqueue(tp, fromRecord(r))
 		})
 		s.cl.AllowRebalance()
-		for range room - got {
-			<-s.buffered
-		}
+		s.lanes.Release(room - got)
 		if ctx.Err() != nil || fs.IsClientClosed() {
 			return
 		}
@@ -316,7 +247,7 @@ func (s *session) poll(ctx context.Context) {
 			continue
 		}
 		if !failing {
-			s.c.log.WarnContext(ctx, "justonce franz: fetch failed, retrying", "topics", s.c.cfg.Topics, "err", errors.Join(errs...))
+			s.c.Log.WarnContext(ctx, "justonce franz: fetch failed, retrying", "topics", s.c.cfg.Topics, "err", errors.Join(errs...))
 			failing = true
 		}
 		if got == 0 && consumer.Sleep(ctx, 500*time.Millisecond) != nil {
@@ -325,223 +256,16 @@ func (s *session) poll(ctx context.Context) {
 	}
 }
 
-// enqueue appends r to its lane, the partition's or with ByKey (and
-// Concurrency > 1) a bucket of its key within the partition, and starts the
-// lane's goroutine if none runs.
-func (s *session) enqueue(r *kgo.Record) {
-	tp := topicPartition{r.Topic, r.Partition}
-	bucket := -1
-	if s.c.cfg.Ordering == ByKey {
-		bucket = keylane.Of(r.Key, s.c.cfg.Concurrency)
-	}
-	s.tr.Fetched(tp, r.Offset)
-	m := fromRecord(r)
-
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	p := s.parts[tp]
-	if p == nil {
-		p = &part{lanes: map[int]*lane{}}
-		p.stopping, p.stop = context.WithCancel(s.stopping)
-		p.ctx, p.cancel = context.WithCancel(s.procCtx)
-		s.parts[tp] = p
-	}
-	l := p.lanes[bucket]
-	if l == nil {
-		l = &lane{more: make(chan struct{}, 1)}
-		p.lanes[bucket] = l
-	}
-	l.msgs = append(l.msgs, m)
-	select {
-	case l.more <- struct{}{}:
-	default:
-	}
-	if !l.running {
-		l.running = true
-		s.lanesWG.Add(1)
-		p.wg.Add(1)
-		go s.drain(p, l)
-	}
-}
-
-// pop takes up to n messages from the head of l. s.mu must be held.
-func (s *session) pop(l *lane, n int) []*consumer.Message {
-	n = min(n, len(l.msgs))
-	if n == 0 {
-		return nil
-	}
-	out := make([]*consumer.Message, n)
-	copy(out, l.msgs)
-	clear(l.msgs[:n])
-	l.msgs = l.msgs[n:]
-	if len(l.msgs) == 0 {
-		l.msgs = nil
-	}
-	for range n {
-		<-s.buffered // never blocks: each message in a lane holds a token
-	}
-	return out
-}
-
-// next takes the lane's next message (or batch); nil, and the lane's
-// goroutine ends, when the lane is empty, the consumer is stopping or the
-// partition was revoked (messages still queued are left pending).
-func (s *session) next(p *part, l *lane, n int) []*consumer.Message {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if p.stopping.Err() != nil || len(l.msgs) == 0 {
-		l.running = false
-		return nil
-	}
-	return s.pop(l, n)
-}
-
-// drain runs l's messages in order until it is empty, the consumer stops or
-// the partition is revoked: one at a time with BatchSize 1; otherwise what
-// is waiting in the lane, up to BatchSize, as one batch (a lone message
-// runs at once).
-func (s *session) drain(p *part, l *lane) {
-	defer s.lanesWG.Done()
-	defer p.wg.Done()
-	size := max(1, s.c.cfg.BatchSize)
-	for {
-		msgs := s.next(p, l, size)
-		if msgs == nil {
-			return
-		}
-		if size == 1 {
-			s.handle(p, msgs[0])
-			continue
-		}
-		if s.c.cfg.BatchLinger > 0 {
-			msgs = s.linger(p, l, msgs, size)
-		}
-		s.handleBatch(p, msgs)
-	}
-}
-
-// linger waits up to BatchLinger for the batch to fill up.
-func (s *session) linger(p *part, l *lane, batch []*consumer.Message, size int) []*consumer.Message {
-	if len(batch) >= size {
-		return batch
-	}
-	t := time.NewTimer(s.c.cfg.BatchLinger)
-	defer t.Stop()
-	for len(batch) < size {
-		select {
-		case <-l.more:
-			s.mu.Lock()
-			batch = append(batch, s.pop(l, size-len(batch))...)
-			s.mu.Unlock()
-		case <-t.C:
-			return batch
-		case <-p.stopping.Done():
-			return batch
-		}
-	}
-	return batch
-}
-
-// take takes one of the Concurrency slots; an error when the consumer is
-// stopping or p was revoked.
-func (s *session) take(p *part) error {
-	select {
-	case s.slots <- struct{}{}:
-	case <-p.stopping.Done():
-		return context.Cause(p.stopping)
-	}
-	if err := p.stopping.Err(); err != nil {
-		<-s.slots
-		return err
-	}
-	return nil
-}
-
-// inSlot runs f holding one of the Concurrency slots, and does nothing
-// when the consumer is stopping or p was revoked. f gets the wait to give
-// the runtime's retry loop (consumer.Processor.Retry): it gives the slot
-// back while the message waits for its next attempt, so that the other
-// lanes go on, takes one again before the attempt, and stops when the
-// consumer stops or p is revoked, without cancelling an attempt in
-// progress (attempts run on p.ctx).
-func (s *session) inSlot(p *part, f func(wait func(context.Context, time.Duration) error)) {
-	if s.take(p) != nil {
-		return
-	}
-	held := true
-	defer func() {
-		if held {
-			<-s.slots
-		}
-	}()
-	f(func(_ context.Context, d time.Duration) error {
-		<-s.slots
-		held = false
-		if err := consumer.Sleep(p.stopping, d); err != nil {
-			return err
-		}
-		if err := s.take(p); err != nil {
-			return err
-		}
-		held = true
-		return nil
-	})
-}
-
-// handle runs one message to its end: done, dead-lettered, or stopped.
-func (s *session) handle(p *part, m *consumer.Message) {
-	s.inSlot(p, func(wait func(context.Context, time.Duration) error) {
-		s.settle(p, m, s.c.proc.ProcessWithRetry(p.ctx, m, wait))
-	})
-}
-
-// handleBatch runs a lane's batch in order: runs of messages in shared
-// transactions (consumer.Processor.ProcessRun), each run's decisions
-// settled, and a message to retry retried in place, before the messages
-// behind it run. Offsets not done (and every later one of their partition)
-// stay uncommitted. A revoke or a stop ends the batch after the run in
-// progress.
-func (s *session) handleBatch(p *part, events []*consumer.Message) {
-	s.inSlot(p, func(wait func(context.Context, time.Duration) error) {
-		for len(events) > 0 && p.stopping.Err() == nil {
-			ds := s.c.proc.ProcessRun(p.ctx, events, consumer.RunLimits{MaxTime: s.c.cfg.BatchMaxTime, Stop: p.stopping.Done()})
-			for i, d := range ds {
-				d = s.c.proc.Retry(p.ctx, events[i], d, wait)
-				s.settle(p, events[i], d)
-				if d.Action != consumer.Ack {
-					return // stopped: this one and the rest stay pending
-				}
-			}
-			events = events[len(ds):]
-		}
-	})
-}
-
 // settle marks an acked message done for the commit watermark. A stopped
 // one stays pending: its offset is never committed by this member. So
-// does a message of an assignment that ended (p.ended): a handler left
-// running after a revoke must not mark an offset done in a later
-// assignment of the partition, whose tracking restarted below it, or the
-// watermark would pass messages not yet run.
-func (s *session) settle(p *part, m *consumer.Message, d consumer.Decision) {
-	if d.Action != consumer.Ack {
-		return
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if !p.ended {
+// does a message of an assignment that ended (the scheduler passes over
+// the settles of a revoked partition's lanes once the revoke ended them):
+// a handler left running after a revoke must not mark an offset done in a
+// later assignment of the partition, whose tracking restarted below it, or
+// the watermark would pass messages not yet run.
+func (s *session) settle(m *consumer.Message, d consumer.Decision) {
+	if d.Action == consumer.Ack {
 		s.tr.Done(topicPartition{m.Topic, int32(m.Partition)}, m.Offset)
-	}
-}
-
-// ended marks the parts of an assignment that ended, once the tracker has
-// forgotten their partitions (before the partitions can be assigned again:
-// the revoke callback has not returned yet).
-func (s *session) ended(ps []*part) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, p := range ps {
-		p.ended = true
 	}
 }
 
@@ -573,100 +297,50 @@ func (s *session) ended(ps []*part) {
 // otherwise get InFlight until they end) and waits for them to return:
 // the member rejoins only after the callback returns. An old attempt that
 // ignores its cancellation may still run then: what it settles is not
-// recorded (settle), so the partition's next assignment here commits only
-// what that assignment ran.
+// recorded (Revoked.End), so the partition's next assignment here commits
+// only what that assignment ran.
+//
+// A handler that ignores its cancellation for a second after it is
+// cancelled would hold the revoke, and so the whole group's rebalance: it
+// is left running. The commit after the revoke stops below its message,
+// which the partition's next owner reads again. Run waits for it before
+// it returns.
 func (s *session) revoked(commit bool) func(context.Context, *kgo.Client, map[string][]int32) {
 	return func(_ context.Context, cl *kgo.Client, lost map[string][]int32) {
 		gone := map[topicPartition]bool{}
-		var ps []*part
-		running := 0 // lanes with a message in hand
-		s.mu.Lock()
+		var tps []topicPartition
 		for topic, partitions := range lost {
 			for _, n := range partitions {
 				tp := topicPartition{topic, n}
 				gone[tp] = true
-				p := s.parts[tp]
-				if p == nil {
-					continue
-				}
-				delete(s.parts, tp)
-				p.stop()
-				for _, l := range p.lanes {
-					if l.running {
-						running++
-					}
-					for range l.msgs {
-						<-s.buffered
-					}
-					l.msgs = nil
-				}
-				ps = append(ps, p)
+				tps = append(tps, tp)
 			}
 		}
-		s.mu.Unlock()
 		if len(gone) == 0 {
 			return
 		}
+		rv := s.lanes.Revoke(tps)
 		if !commit {
 			s.forget(gone)
-			s.ended(ps)
-			for _, p := range ps {
-				p.cancel()
-			}
+			rv.End()
 		}
-		s.c.log.Debug("justonce franz: partitions revoked; waiting for their handlers in flight",
-			"partitions", len(gone), "lost", !commit, "lanes_running", running)
+		s.c.Log.Debug("justonce franz: partitions revoked; waiting for their handlers in flight",
+			"partitions", len(gone), "lost", !commit, "lanes_running", rv.Running())
 
 		budget := DefaultRebalanceTimeout
 		if d, ok := cl.OptValue(kgo.RebalanceTimeout).(time.Duration); ok && d > 0 {
 			budget = d
 		}
-		done := make(chan struct{})
-		go func() {
-			for _, p := range ps {
-				p.wg.Wait()
-			}
-			close(done)
-		}()
+		const what = "handlers of revoked partitions"
 		if !commit {
-			s.waitCancelled(done) // cancelled above; forgotten already
+			rv.Await(lanes.Wait{What: what, Rebalance: true}) // cancelled at once; forgotten already
 			return
 		}
-		t := time.NewTimer(budget / 2)
-		select {
-		case <-done:
-			t.Stop()
-		case <-t.C:
-			s.c.log.Warn("justonce franz: handlers of revoked partitions still running; cancelling them", "waited", budget/2)
-			for _, p := range ps {
-				p.cancel()
-			}
-			s.waitCancelled(done)
-		}
-		for _, p := range ps {
-			p.cancel()
-		}
+		rv.Await(lanes.Wait{Grace: budget / 2, What: what, Rebalance: true})
 		ctx, cancel := context.WithTimeout(context.Background(), budget/4)
 		s.commitAndForget(ctx, cl, gone)
 		cancel()
-		s.ended(ps)
-	}
-}
-
-// waitCancelled waits a second for cancelled handlers of revoked
-// partitions (done). A handler that ignores its cancellation would hold
-// the revoke, and so the whole group's rebalance: it is left running. The
-// commit after the revoke stops below its message, which the partition's
-// next owner reads again; if it returns success later its transaction
-// still commits (the ledger commits on a context of its own) and its
-// effect still happens once, since the next run of its message waits for
-// the key's lock and then finds the key done. Run waits for it (lanesWG)
-// before it returns.
-func (s *session) waitCancelled(done <-chan struct{}) {
-	select {
-	case <-done:
-	case <-time.After(time.Second):
-		s.c.log.Error("justonce franz: handlers of revoked partitions ignore their cancellation; leaving them behind at the rebalance")
+		rv.End()
 	}
 }
 
@@ -747,7 +421,7 @@ func (s *session) commitLocked(ctx context.Context, cl *kgo.Client, only map[top
 	})
 	s.tr.Committed(ok)
 	if len(errs) > 0 && ctx.Err() == nil {
-		s.c.log.WarnContext(ctx, "justonce franz: offset commit failed; will retry (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "err", errors.Join(errs...))
+		s.c.Log.WarnContext(ctx, "justonce franz: offset commit failed; will retry (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "err", errors.Join(errs...))
 	}
 }
 

@@ -38,7 +38,7 @@
 //     across partitions or across keys; the commit watermark of each
 //     partition then waits for the slowest message below it.
 //   - One bad message holds up only what must wait for it: the messages
-//     behind it in its partition (or its key, with ByKey). While it waits
+//     behind it in its partition (or its key, with consumer.ByKey). While it waits
 //     between attempts it holds no Concurrency slot, so the other
 //     partitions go on, even with Concurrency 1, until Config.MaxBuffered
 //     polled messages are waiting; polling then pauses until the bad

@@ -168,7 +168,7 @@ func testLost(t *testing.T, release bool) {
 	clientA := "lost-a-" + topic
 	cfgA := franzinbox.Config{
 		Brokers: brokers, Topics: []string{topic}, GroupID: group, Processor: procA,
-		BatchSize: 1, CommitInterval: 100 * time.Millisecond,
+		Scheduling: consumer.Scheduling{BatchSize: 1}, CommitInterval: 100 * time.Millisecond,
 		ClientOptions: append(append([]kgo.Opt(nil), fastGroup...),
 			kgo.ClientID(clientA),
 			kgo.Dialer(tap.dial),

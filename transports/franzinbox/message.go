@@ -5,6 +5,7 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/transports/internal/kafkarec"
 )
 
 // HeaderEventID is the header NewRecord puts the event ID in; the default
@@ -27,31 +28,10 @@ func NewRecord(id string, key, value []byte) *kgo.Record {
 // fromRecord turns a fetched record into the runtime's Message. Raw holds
 // the *kgo.Record.
 func fromRecord(r *kgo.Record) *consumer.Message {
-	m := &consumer.Message{
-		Key:       r.Key,
-		Topic:     r.Topic,
-		Partition: int(r.Partition),
-		Offset:    r.Offset,
-		Value:     r.Value,
-		Time:      r.Timestamp,
-		Attempt:   1,
-		Raw:       r,
-	}
-	if len(r.Headers) > 0 {
-		m.Headers = make([]consumer.Header, len(r.Headers))
-		for i, h := range r.Headers {
-			m.Headers[i] = consumer.Header{Key: h.Key, Value: h.Value}
-		}
-	}
-	return m
-}
-
-func toRecordHeaders(hs []consumer.Header) []kgo.RecordHeader {
-	out := make([]kgo.RecordHeader, len(hs))
-	for i, h := range hs {
-		out[i] = kgo.RecordHeader{Key: h.Key, Value: h.Value}
-	}
-	return out
+	return kafkarec.Message(kafkarec.Record[kgo.RecordHeader]{
+		Key: r.Key, Value: r.Value, Headers: r.Headers,
+		Topic: r.Topic, Partition: int(r.Partition), Offset: r.Offset, Time: r.Timestamp,
+	}, r)
 }
 
 // Source is what the ledger records as the source of the events this

@@ -97,7 +97,7 @@ func testRebalance(t *testing.T, eager bool) {
 		// test must release it within that time on a loaded machine.
 		opts = append(append([]kgo.Opt(nil), fastGroup...), kgo.Balancers(kgo.RangeBalancer()), kgo.RebalanceTimeout(20*time.Second))
 	}
-	cfg := franzinbox.Config{Brokers: brokers, Topics: []string{topic}, GroupID: group, Processor: proc, Concurrency: 3, ClientOptions: opts}
+	cfg := franzinbox.Config{Brokers: brokers, Topics: []string{topic}, GroupID: group, Processor: proc, Scheduling: consumer.Scheduling{Concurrency: 3}, ClientOptions: opts}
 
 	publish(t, brokers, topic, events("r", 0, n/2, 50)...)
 	stopA := start(t, cfg, handler(&runsA, eager))

@@ -13,6 +13,7 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/transports/internal/kafkareplay"
 )
 
 // ReplayConfig says what part of a topic to replay.
@@ -60,14 +61,8 @@ var _ consumer.ReplaySource = (*ReplaySource)(nil)
 // NewReplaySource opens a replay of cfg.Topic. It fixes the end of each
 // partition now: messages published later are not part of the replay.
 func NewReplaySource(ctx context.Context, cfg ReplayConfig) (*ReplaySource, error) {
-	if len(cfg.Brokers) == 0 || cfg.Topic == "" {
-		return nil, fmt.Errorf("%w: franzinbox: replay needs Brokers and Topic", inbox.ErrConfig)
-	}
-	if cfg.StartOffset < 0 || cfg.FetchWait < 0 {
-		return nil, fmt.Errorf("%w: franzinbox: negative StartOffset or FetchWait", inbox.ErrConfig)
-	}
-	if cfg.FetchWait == 0 {
-		cfg.FetchWait = 10 * time.Second
+	if err := kafkareplay.Check("franzinbox", cfg.Brokers, cfg.Topic, cfg.StartOffset, &cfg.FetchWait); err != nil {
+		return nil, err
 	}
 	base := append(slices.Clone(cfg.ClientOptions), kgo.SeedBrokers(cfg.Brokers...))
 	acl, err := kgo.NewClient(base...)
@@ -93,32 +88,25 @@ func NewReplaySource(ctx context.Context, cfg ReplayConfig) (*ReplaySource, erro
 	if len(starts[cfg.Topic]) == 0 {
 		return nil, fmt.Errorf("%w: franzinbox: replay: no topic %s", inbox.ErrConfig, cfg.Topic)
 	}
-	parts := make([]int32, 0, len(starts[cfg.Topic]))
+	have := make([]int32, 0, len(starts[cfg.Topic]))
 	for p := range starts[cfg.Topic] {
-		parts = append(parts, p)
+		have = append(have, p)
 	}
-	if len(cfg.Partitions) > 0 {
-		var only []int32
-		for _, p := range cfg.Partitions {
-			if _, ok := starts[cfg.Topic][int32(p)]; !ok {
-				return nil, fmt.Errorf("%w: franzinbox: topic %s has no partition %d", inbox.ErrConfig, cfg.Topic, p)
-			}
-			only = append(only, int32(p))
-		}
-		parts = only
+	want := make([]int32, len(cfg.Partitions))
+	for i, p := range cfg.Partitions {
+		want[i] = int32(p)
+	}
+	parts, err := kafkareplay.Partitions("franzinbox", cfg.Topic, have, want)
+	if err != nil {
+		return nil, err
 	}
 	s := &ReplaySource{cfg: cfg, end: map[int32]int64{}, paused: map[int32]bool{}}
 	from := map[int32]kgo.Offset{}
 	for _, p := range parts {
-		first := starts[cfg.Topic][p].Offset
 		end := ends[cfg.Topic][p].Offset
-		start := max(cfg.StartOffset, first)
-		if at != nil {
-			start = max(at[cfg.Topic][p].Offset, first) // the end offset when nothing is stamped after
-			if start < 0 {
-				start = end
-			}
-		}
+		// ListOffsetsAfterMilli gives the end offset when nothing is
+		// stamped after StartTime.
+		start := kafkareplay.Start(starts[cfg.Topic][p].Offset, end, cfg.StartOffset, at != nil, at[cfg.Topic][p].Offset)
 		if start < end {
 			s.end[p] = end
 			from[p] = kgo.NewOffset().At(start)
@@ -223,12 +211,7 @@ func (s *ReplaySource) Close() error {
 // scope (and ID extractor) of the consumer whose effects are replayed.
 // Consumer.Replay does this with a Consumer's own handler and settings.
 func Replay(ctx context.Context, cfg ReplayConfig, p *consumer.Processor, opts consumer.ReplayOptions) (consumer.ReplayReport, error) {
-	src, err := NewReplaySource(ctx, cfg)
-	if err != nil {
-		return consumer.ReplayReport{DryRun: opts.DryRun}, err
-	}
-	defer src.Close()
-	return p.Replay(ctx, src, opts)
+	return kafkareplay.Run(ctx, func() (*ReplaySource, error) { return NewReplaySource(ctx, cfg) }, p, opts)
 }
 
 // Replay re-reads a topic (by default the Consumer's own, when it reads
@@ -251,7 +234,7 @@ func (c *Consumer) Replay(ctx context.Context, cfg ReplayConfig, opts consumer.R
 		cfg.ClientOptions = c.cfg.ClientOptions
 	}
 	pc := c.cfg.Processor
-	if !c.userDL && !opts.DryRun {
+	if !c.UserDL && !opts.DryRun {
 		// A producer of the replay's own: Run's client may not exist.
 		cl, err := kgo.NewClient(c.baseOptions()...)
 		if err != nil {
@@ -260,9 +243,7 @@ func (c *Consumer) Replay(ctx context.Context, cfg ReplayConfig, opts consumer.R
 		defer cl.Close()
 		pc.DeadLetter = c.deadLetterTo(func() *kgo.Client { return cl })
 	}
-	p, err := consumer.New(pc, c.h)
-	if err != nil {
-		return consumer.ReplayReport{DryRun: opts.DryRun}, err
-	}
-	return Replay(ctx, cfg, p, opts)
+	return kafkareplay.WithHandler(pc, c.Handler, opts, func(p *consumer.Processor) (consumer.ReplayReport, error) {
+		return Replay(ctx, cfg, p, opts)
+	})
 }

@@ -62,7 +62,7 @@ func TestRevokeCancelsAHandlerThatOutlivesTheWait(t *testing.T) {
 	// Eager: every partition, the stuck one's too, is revoked when B joins.
 	opts := append(append([]kgo.Opt(nil), fastGroup...), kgo.Balancers(kgo.RangeBalancer()))
 	cfg := franzinbox.Config{Brokers: brokers, Topics: []string{topic}, GroupID: group, Processor: fx.processor(), ClientOptions: opts,
-		Concurrency: 1} // the stuck handler holds up all of A
+		Scheduling: consumer.Scheduling{Concurrency: 1}} // the stuck handler holds up all of A
 	stopA := start(t, cfg, handler(&runsA, true))
 	testsvc.Eventually(t, 60*time.Second, func() bool { return stuckID.Load() != nil }, "A's handler is stuck")
 	require.Zero(t, fx.effects(t), "the stuck handler holds its partition: nothing else of it committed yet")

@@ -30,7 +30,7 @@ func TestTwoTopicsOneScope(t *testing.T) {
 
 	stop := start(t, franzinbox.Config{
 		Brokers: brokers, Topics: []string{orders, refunds}, GroupID: group, Processor: fx.processor(),
-		Concurrency: 4, Ordering: franzinbox.ByKey,
+		Scheduling: consumer.Scheduling{Concurrency: 4, Ordering: consumer.ByKey},
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if m.ID == "poison" {
 			return consumer.Permanent(errors.New("cannot parse"))

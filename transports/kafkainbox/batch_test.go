@@ -72,7 +72,7 @@ func TestBatchModeGuarantees(t *testing.T) {
 		}
 		return fx.insert(ctx, tx, m)
 	}
-	cfg := kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: fx.processor(), BatchSize: 100}
+	cfg := kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: fx.processor(), Scheduling: consumer.Scheduling{BatchSize: 100}}
 
 	// First run, stopped gracefully mid-stream.
 	stop := start(t, cfg, handler)

@@ -87,7 +87,7 @@ func BenchmarkConsumer(b *testing.B) {
 		var done atomic.Int64
 		finished := make(chan time.Time, 1)
 		c, err := kafkainbox.New(kafkainbox.Config{
-			Brokers: brokers, Topic: topic, GroupID: testsvc.Unique("wrapped"), BatchSize: batch,
+			Brokers: brokers, Topic: topic, GroupID: testsvc.Unique("wrapped"), Scheduling: consumer.Scheduling{BatchSize: batch},
 			Processor: consumer.Config{Ledger: ledger, Hooks: consumer.Hooks{
 				OnOutcome: func(*consumer.Message, inbox.Outcome, time.Duration) {
 					if done.Add(1) == n {

@@ -10,45 +10,11 @@ import (
 	"github.com/justonce/justonce/inbox"
 )
 
-// Ordering says which messages must run one after the other when
-// Config.Concurrency is above 1.
-type Ordering uint8
-
-// Orderings.
+// Defaults of Config. The defaults of its Scheduling are consumer's
+// (consumer.DefaultScheduling).
 const (
-	// ByPartition (the default) runs each partition's messages in offset
-	// order; different partitions may run at the same time.
-	ByPartition Ordering = iota
-	// ByKey runs the messages of one key (within a partition) in offset
-	// order; different keys of one partition may run at the same time.
-	// Messages without a key are ordered by partition.
-	ByKey
-)
-
-// Defaults of Config.
-const (
-	// DefaultBatchSize is Config.BatchSize's default: up to 50 messages of
-	// a partition that are waiting run in one transaction. It keeps a
-	// batch's savepoints (one per message) within the 64 subtransactions
-	// Postgres tracks per transaction without overflowing to disk.
-	DefaultBatchSize = 50
-	// DefaultConcurrency is Config.Concurrency's default: four partitions'
-	// messages (or batches) run at once, each in its own transaction on a
-	// connection of its own; each partition's messages stay in order.
-	DefaultConcurrency = 4
-	// DefaultBatchMaxTime is Config.BatchMaxTime's default.
-	DefaultBatchMaxTime = 50 * time.Millisecond
-	// DefaultBatchLinger was Config.BatchLinger's default when batches
-	// were opt-in.
-	//
-	// Deprecated: batches do not linger unless Config.BatchLinger is set.
-	DefaultBatchLinger = 10 * time.Millisecond
 	// DefaultCommitInterval is Config.CommitInterval's default.
 	DefaultCommitInterval = time.Second
-	// DefaultShutdownTimeout is Config.ShutdownTimeout's default.
-	DefaultShutdownTimeout = 30 * time.Second
-	// DefaultMaxBuffered is Config.MaxBuffered's default.
-	DefaultMaxBuffered = 1000
 
 	// DefaultSessionTimeout is the consumer group session timeout the
 	// Consumer gives kafka-go (whose own default is 30 s): how long the
@@ -107,60 +73,21 @@ type Config struct {
 	// returns before any broker has the dead letter.
 	DeadLetterWriter *kafka.Writer
 
-	// Concurrency is how many messages (or batches) may run at once.
-	// Default DefaultConcurrency (4), each needing a database connection of
-	// its own while it runs: size the pool for it. Messages of one
-	// partition run in order whatever the value (see Ordering). A message
-	// waiting to be retried holds up only the messages behind it in its
-	// partition (or its key, with ByKey), for up to Processor.MaxAttempts backoffs; it does not hold a
-	// Concurrency slot while it waits, so the other partitions go on.
-	Concurrency int
-	// Ordering when Concurrency > 1. Default ByPartition.
-	Ordering Ordering
-	// MaxBuffered is how many fetched messages may wait to run, across
-	// partitions. Messages behind a message waiting to be retried wait
-	// here while the other partitions go on; when MaxBuffered are
-	// waiting, fetching (of every partition, since they share this
-	// buffer) pauses until the retried message is done, acked or
-	// dead-lettered. Each partition's reader may hold one more message
-	// while it waits for room. Default 1000.
-	MaxBuffered int
-
-	// BatchSize is how many messages of one partition (one lane) may run
-	// in one transaction. When several fetched messages of a partition are
-	// waiting, up to BatchSize of them run in one transaction, each
-	// message's claim and handler in its own savepoint
-	// (consumer.Processor.ProcessRun), and commit together; a message whose
-	// handler fails is rolled back alone, the ones before it commit, and
-	// it is retried in place (or dead-lettered) before the ones behind it
-	// run, as in per-message mode. A message that is alone in its lane
-	// runs at once in a transaction of its own: batches form under load
-	// only, and add no latency when the consumer keeps up. Default
-	// DefaultBatchSize (50); 1 turns batching off (one message, one
-	// transaction).
-	BatchSize int
-	// BatchMaxTime bounds a batch in time: once its transaction has been
-	// running this long it starts no further message and commits what
-	// ran (the rest runs in the next batch). Default DefaultBatchMaxTime
-	// (50 ms).
-	BatchMaxTime time.Duration
-	// BatchLinger is how long a batch waits for more messages once it has
-	// its first one. Default 0: a batch is what is already fetched, and
-	// never waits.
-	BatchLinger time.Duration
+	// Scheduling: Concurrency, Ordering, MaxBuffered, the batches and
+	// ShutdownTimeout, with consumer's defaults (see consumer.Scheduling).
+	// Here a lane is a partition, or a key bucket of a partition with
+	// consumer.ByKey. MaxBuffered is shared by the partitions: when it is
+	// reached, fetching pauses for every partition, and each partition's
+	// reader may hold one more message while it waits for room. After
+	// ShutdownTimeout the final offset commit follows (bounded by
+	// kafka-go's group Timeout, 5 s). At a rebalance the wait is the least
+	// of ShutdownTimeout and half the rebalance and session timeouts.
+	consumer.Scheduling
 
 	// CommitInterval is how often processed offsets are committed to Kafka.
 	// A crash or rebalance redelivers at most this much; the ledger skips
 	// it. Default 1 s.
 	CommitInterval time.Duration
-	// ShutdownTimeout bounds how long Run waits, once its context is done,
-	// for in-flight handlers. After it, in-flight transactions are
-	// cancelled (rolled back; the messages come again), and the final
-	// offset commit follows (bounded by kafka-go's group Timeout, 5 s). At
-	// a rebalance the wait is the least of ShutdownTimeout and half the
-	// rebalance and session timeouts. Default 30 s.
-	ShutdownTimeout time.Duration
-
 	// Reader adjusts the kafka-go reader configuration before use (Dialer
 	// for TLS/SASL, StartOffset, SessionTimeout, balancers, ...). The
 	// Consumer starts from kafka-go's defaults with MaxWait at 1 s and
@@ -201,16 +128,8 @@ func (c Config) Validate() error {
 		return bad("GroupID is empty")
 	case c.Processor.Ledger == nil:
 		return bad("Processor.Ledger is nil")
-	case c.Concurrency < 0:
-		return bad("Concurrency is negative")
-	case c.Ordering > ByKey:
-		return bad("unknown Ordering %d", c.Ordering)
-	case c.BatchSize < 0:
-		return bad("BatchSize is negative")
-	case c.MaxBuffered < 0:
-		return bad("MaxBuffered is negative")
-	case c.BatchLinger < 0, c.BatchMaxTime < 0, c.CommitInterval < 0, c.ShutdownTimeout < 0:
-		return bad("negative duration")
+	case c.CommitInterval < 0:
+		return bad("negative CommitInterval")
 	case c.DeadLetterWriter != nil && c.DeadLetterWriter.Topic != "":
 		return bad("DeadLetterWriter.Topic must be empty (the Consumer sets each message's topic)")
 	case c.DeadLetterWriter != nil && (c.DeadLetterWriter.Async || c.DeadLetterWriter.RequiredAcks == kafka.RequireNone):
@@ -223,6 +142,9 @@ func (c Config) Validate() error {
 		if b == "" {
 			return bad("empty broker address")
 		}
+	}
+	if err := c.Scheduling.Validate(); err != nil {
+		return fmt.Errorf("kafkainbox: %w", err)
 	}
 	return nil
 }
@@ -247,23 +169,9 @@ func (c Config) withDefaults() Config {
 		c.Processor.Source = Source
 	}
 	c.DeadLetterTopic = c.deadLetterTopic()
-	if c.Concurrency == 0 {
-		c.Concurrency = DefaultConcurrency
-	}
-	if c.MaxBuffered == 0 {
-		c.MaxBuffered = DefaultMaxBuffered
-	}
-	if c.BatchSize == 0 {
-		c.BatchSize = DefaultBatchSize
-	}
-	if c.BatchMaxTime == 0 {
-		c.BatchMaxTime = DefaultBatchMaxTime
-	}
+	c.Scheduling = c.Scheduling.WithDefaults(consumer.DefaultScheduling())
 	if c.CommitInterval == 0 {
 		c.CommitInterval = DefaultCommitInterval
-	}
-	if c.ShutdownTimeout == 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
 	}
 	return c
 }

@@ -34,11 +34,11 @@ func (h *harness) Publish(t *testing.T, topic string, msgs []consumertest.Msg) {
 
 func (h *harness) Start(t *testing.T, topic, group string, opts consumertest.Options) func() {
 	return start(t, kafkainbox.Config{
-		Brokers:   h.brokers,
-		Topic:     topic,
-		GroupID:   group,
-		Processor: opts.Config,
-		BatchSize: suiteBatch(opts.BatchSize),
+		Brokers:    h.brokers,
+		Topic:      topic,
+		GroupID:    group,
+		Processor:  opts.Config,
+		Scheduling: consumer.Scheduling{BatchSize: suiteBatch(opts.BatchSize)},
 	}, opts.Handler)
 }
 

@@ -5,27 +5,24 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/justonce/justonce/consumer"
-	"github.com/justonce/justonce/transports/internal/keylane"
+	"github.com/justonce/justonce/transports/internal/front"
+	"github.com/justonce/justonce/transports/internal/kafkarec"
+	"github.com/justonce/justonce/transports/internal/lanes"
 	"github.com/justonce/justonce/transports/internal/offsets"
 )
 
 // Consumer is one member of a Kafka consumer group whose handler runs once
 // per event ID. Create it with New and start it with Run.
 type Consumer struct {
+	front.Front
 	cfg       Config
-	h         consumer.Handler
-	userDL    bool // Processor.DeadLetter was given
-	proc      *consumer.Processor
-	log       *slog.Logger
 	writer    *kafka.Writer // dead letters; nil when Processor.DeadLetter was given
 	ownWriter bool
-	ran       atomic.Bool
 	leftover  sync.WaitGroup // handlers left behind at a rebalance
 }
 
@@ -45,19 +42,15 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	cfg = cfg.withDefaults()
-	c := &Consumer{cfg: cfg, h: h, userDL: cfg.Processor.DeadLetter != nil}
-	if !c.userDL {
+	c := &Consumer{cfg: cfg.withDefaults()}
+	pc, err := c.Init(c.cfg.Processor, h, func() front.DeadLetter {
 		c.writer, c.ownWriter = c.deadLetterWriter()
-		cfg.Processor.DeadLetter = c.deadLetterTo(c.writer)
-	}
-	p, err := consumer.New(cfg.Processor, h)
+		return c.deadLetterTo(c.writer)
+	})
 	if err != nil {
 		return nil, err
 	}
-	c.proc = p
-	c.cfg.Processor = p.Config()
-	c.log = cfg.Processor.Ledger.Logger()
+	c.cfg.Processor = pc
 	return c, nil
 }
 
@@ -88,7 +81,7 @@ func (c *Consumer) deadLetterTo(w *kafka.Writer) func(context.Context, *consumer
 			Topic:   c.cfg.DeadLetterTopic,
 			Key:     m.Key,
 			Value:   m.Value,
-			Headers: toKafkaHeaders(consumer.DeadLetterHeadersContext(ctx, c.cfg.Processor.Scope, m, cause)),
+			Headers: kafkarec.Headers[kafka.Header](consumer.DeadLetterHeadersContext(ctx, c.cfg.Processor.Scope, m, cause)),
 		})
 	}
 }
@@ -106,8 +99,8 @@ func (c *Consumer) readerConfig() kafka.ReaderConfig {
 		// lag, which nothing here uses.
 		ReadLagInterval: -1,
 		ErrorLogger: kafka.LoggerFunc(func(format string, args ...any) {
-			if c.log.Enabled(context.Background(), slog.LevelWarn) {
-				c.log.Warn("justonce kafka: kafka-go: " + fmt.Sprintf(format, args...))
+			if c.Log.Enabled(context.Background(), slog.LevelWarn) {
+				c.Log.Warn("justonce kafka: kafka-go: " + fmt.Sprintf(format, args...))
 			}
 		}),
 	}
@@ -140,8 +133,8 @@ func (c *Consumer) readerConfig() kafka.ReaderConfig {
 // coordinator, so an offset never moves back below what the partition's
 // next owner committed.
 func (c *Consumer) Run(ctx context.Context) error {
-	if !c.ran.CompareAndSwap(false, true) {
-		return consumer.ErrRunOnce
+	if err := c.Started(); err != nil {
+		return err
 	}
 	defer c.closeWriter()
 	rc := c.readerConfig()
@@ -167,7 +160,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 		gen, err := group.Next(ctx)
 		if err != nil {
 			if ctx.Err() == nil && !failing {
-				c.log.WarnContext(ctx, "justonce kafka: joining the group failed, retrying", "group", c.cfg.GroupID, "err", err)
+				c.Log.WarnContext(ctx, "justonce kafka: joining the group failed, retrying", "group", c.cfg.GroupID, "err", err)
 				failing = true
 			}
 			continue // kafka-go waits JoinGroupBackoff before it tries again
@@ -177,7 +170,7 @@ func (c *Consumer) Run(ctx context.Context) error {
 	}
 	// Leaves the group; the last generation's session has committed.
 	if err := group.Close(); err != nil {
-		c.log.WarnContext(ctx, "justonce kafka: leaving the group", "group", c.cfg.GroupID, "err", err)
+		c.Log.WarnContext(ctx, "justonce kafka: leaving the group", "group", c.cfg.GroupID, "err", err)
 	}
 	// Handlers left behind at a rebalance were cancelled; return once
 	// they have.
@@ -251,7 +244,7 @@ func (c *Consumer) closeWriter() {
 
 func (c *Consumer) closeOwned(w *kafka.Writer) {
 	if err := w.Close(); err != nil {
-		c.log.Warn("justonce kafka: closing the dead-letter writer", "err", err)
+		c.Log.Warn("justonce kafka: closing the dead-letter writer", "err", err)
 	}
 	if t, ok := w.Transport.(*kafka.Transport); ok {
 		t.CloseIdleConnections()
@@ -259,33 +252,17 @@ func (c *Consumer) closeOwned(w *kafka.Writer) {
 }
 
 // session is one generation of the group: its partitions' readers, the
-// lanes of messages waiting to run, and the commit watermark.
-//
-// Each lane holds the messages that must run one after the other (one
-// partition, or one key bucket of a partition with ByKey) and is drained
-// by at most one goroutine, which runs them in order. An attempt takes one
-// of Config.Concurrency slots while it runs and gives it back while the
-// runtime's retry loop waits (inSlot): a message waiting to be retried
-// holds up its own lane only, and the other lanes go on. The fetch loop
-// stops fetching only when Config.MaxBuffered messages are waiting in the
-// lanes.
+// lanes of messages waiting to run (lanes.Scheduler: a lane per partition,
+// or per key bucket of a partition with ByKey), and the commit watermark.
+// The fetch loops stop fetching only when Config.MaxBuffered messages are
+// waiting in the lanes.
 type session struct {
-	c        *Consumer
-	gen      *kafka.Generation
-	rc       kafka.ReaderConfig
-	ctl      *controlChecker
-	tr       *offsets.Tracker[topicPartition]
-	stopping context.Context    // ends when Run's context ends: no new attempts
-	stop     context.CancelFunc // ends stopping
-	procCtx  context.Context
-	cancel   context.CancelFunc // cancels procCtx
-
-	buffered chan struct{} // a token per message fetched and not yet taken from its lane
-	slots    chan struct{} // a token per attempt running
-	lanesWG  sync.WaitGroup
-
-	mu    sync.Mutex
-	lanes map[laneKey]*lane
+	c     *Consumer
+	gen   *kafka.Generation
+	rc    kafka.ReaderConfig
+	ctl   *controlChecker
+	tr    *offsets.Tracker[topicPartition]
+	lanes *lanes.Scheduler[topicPartition]
 }
 
 // topicPartition names one partition.
@@ -294,47 +271,33 @@ type topicPartition struct {
 	partition int
 }
 
-// laneKey names the messages that must run in order: a partition, or a
-// key bucket of a partition (ByKey; bucket -1 is the partition's messages
-// without a key, or every message with ByPartition).
-type laneKey struct {
-	tp     topicPartition
-	bucket int
-}
-
-// lane is the queue of one laneKey. Fields other than more are guarded by
-// session.mu.
-type lane struct {
-	msgs    []*consumer.Message
-	running bool          // a goroutine drains it
-	more    chan struct{} // signalled when a message is added (batch linger)
-}
-
 func (c *Consumer) newSession(ctx context.Context, gen *kafka.Generation, rc kafka.ReaderConfig, ctl *controlChecker) *session {
-	// Handlers run on a context that keeps ctx's values but not its
-	// cancellation, so that in-flight work finishes at shutdown.
-	procCtx, cancel := context.WithCancel(context.WithoutCancel(ctx))
-	stopping, stop := context.WithCancel(context.WithoutCancel(ctx))
-	return &session{
-		c:        c,
-		gen:      gen,
-		rc:       rc,
-		ctl:      ctl,
-		tr:       offsets.NewTracker[topicPartition](),
-		stopping: stopping,
-		stop:     stop,
-		procCtx:  procCtx,
-		cancel:   cancel,
-		buffered: make(chan struct{}, max(c.cfg.MaxBuffered, c.cfg.BatchSize)),
-		slots:    make(chan struct{}, c.cfg.Concurrency),
-		lanes:    map[laneKey]*lane{},
+	s := &session{
+		c:   c,
+		gen: gen,
+		rc:  rc,
+		ctl: ctl,
+		tr:  offsets.NewTracker[topicPartition](),
 	}
+	// Handlers run on a context that keeps ctx's values but not its
+	// cancellation, so that in-flight work finishes at shutdown; the
+	// lanes stop when the session stops them.
+	s.lanes = lanes.New[topicPartition](context.WithoutCancel(ctx), ctx, lanes.Config{
+		Scheduling: c.cfg.Scheduling,
+		Buffer:     max(c.cfg.MaxBuffered, c.cfg.BatchSize),
+		Proc:       c.Proc,
+		Filter:     s.marker,
+		Settle:     s.settle,
+		Log:        c.Log,
+		Name:       "justonce kafka",
+	})
+	return s
 }
 
 func (s *session) run(ctx, gctx context.Context, rebalanceGrace time.Duration) {
-	defer s.cancel()
+	defer s.lanes.Cancel()
 	cfg := s.c.cfg
-	commitCtx, stopCommits := context.WithCancel(s.procCtx)
+	commitCtx, stopCommits := context.WithCancel(s.lanes.Context())
 	committerDone := make(chan struct{})
 	go func() {
 		defer close(committerDone)
@@ -350,7 +313,7 @@ func (s *session) run(ctx, gctx context.Context, rebalanceGrace time.Duration) {
 	for _, a := range assigned {
 		r, err := partitionReader(s.rc, a, len(assigned))
 		if err != nil {
-			s.c.log.WarnContext(ctx, "justonce kafka: cannot read an assigned partition in this generation", "topic", cfg.Topic, "partition", a.ID, "err", err)
+			s.c.Log.WarnContext(ctx, "justonce kafka: cannot read an assigned partition in this generation", "topic", cfg.Topic, "partition", a.ID, "err", err)
 			continue
 		}
 		fetchers.Add(1)
@@ -358,83 +321,37 @@ func (s *session) run(ctx, gctx context.Context, rebalanceGrace time.Duration) {
 			defer fetchers.Done()
 			s.fetch(fetchCtx, r)
 			if err := r.Close(); err != nil {
-				s.c.log.WarnContext(ctx, "justonce kafka: closing a partition's reader", "topic", cfg.Topic, "partition", a.ID, "err", err)
+				s.c.Log.WarnContext(ctx, "justonce kafka: closing a partition's reader", "topic", cfg.Topic, "partition", a.ID, "err", err)
 			}
 		}()
 	}
 	<-fetchCtx.Done()
-	// Stop: no new attempts (a lane started by a fetch loop still
-	// returning ends at once); wait for the fetch loops, then for the
-	// attempts in flight: at shutdown up to ShutdownTimeout, at a
-	// rebalance up to rebalanceGrace, so that this member's commit and
-	// rejoin fit in the time the coordinator waits for it.
-	s.stop()
+	// Stop: no new attempts (a message a fetch loop still returning hands
+	// over is dropped); wait for the fetch loops, then for the attempts in
+	// flight: at shutdown up to ShutdownTimeout, at a rebalance up to
+	// rebalanceGrace, so that this member's commit and rejoin fit in the
+	// time the coordinator waits for it. A rebalance that ends the
+	// generation during a shutdown's wait cuts it to rebalanceGrace, since
+	// the member's heartbeats have stopped.
+	s.lanes.Stop()
 	fetchers.Wait()
-	lanesDone := make(chan struct{})
-	go func() {
-		s.lanesWG.Wait()
-		close(lanesDone)
-	}()
-	s.waitInFlight(ctx, gctx, lanesDone, rebalanceGrace)
-	stopCommits()
-	<-committerDone
-	s.commit(context.WithoutCancel(ctx))
-}
-
-// waitInFlight waits for the attempts in flight (lanesDone), at shutdown up to
-// ShutdownTimeout, at a rebalance up to rebalanceGrace; a rebalance that
-// ends the generation during a shutdown's wait cuts it to rebalanceGrace,
-// since the member's heartbeats have stopped. Then it cancels them.
-func (s *session) waitInFlight(ctx, gctx context.Context, lanesDone <-chan struct{}, rebalanceGrace time.Duration) {
-	rebalance := ctx.Err() == nil
-	grace, why := s.c.cfg.ShutdownTimeout, "shutdown"
-	genEnded := gctx.Done()
-	if rebalance {
-		grace, why, genEnded = rebalanceGrace, "rebalance", nil
+	w := lanes.Wait{Grace: cfg.ShutdownTimeout, What: "in-flight handlers", Why: "shutdown", Cut: gctx.Done(), RebalanceGrace: rebalanceGrace}
+	if ctx.Err() == nil {
+		w = lanes.Wait{Grace: rebalanceGrace, What: "in-flight handlers", Why: "rebalance", Rebalance: true}
 	}
-	deadline := time.Now().Add(grace)
-	timer := time.NewTimer(grace)
-	defer timer.Stop()
-wait:
-	for {
-		select {
-		case <-lanesDone:
-			return
-		case <-genEnded:
-			genEnded = nil
-			rebalance, why = true, "rebalance"
-			if time.Until(deadline) > rebalanceGrace {
-				grace = rebalanceGrace
-				timer.Reset(grace)
-			}
-		case <-timer.C:
-			break wait
-		}
-	}
-	s.c.log.WarnContext(ctx, "justonce kafka: in-flight handlers still running at "+why+"; cancelling them", "timeout", grace)
-	s.cancel()
-	if !rebalance {
-		<-lanesDone
-		return
-	}
-	// A handler that ignores its cancellation would hold the generation,
-	// and so the whole group's rebalance. Leave it running: the commit
-	// after the wait stops below its message, which the partition's next
-	// owner reads again. If the handler returns success later its
-	// transaction still commits (the ledger commits on a context of its
-	// own), and its effect still happens once: the next run of its
-	// message waits for the key's lock, then finds the key done. Run
-	// waits for it before it returns.
-	select {
-	case <-lanesDone:
-	case <-time.After(time.Second):
-		s.c.log.ErrorContext(ctx, "justonce kafka: in-flight handlers ignore their cancellation; leaving them behind at the rebalance")
+	if left := s.lanes.Await(w); left != nil {
+		// Handlers that ignore their cancellation, left behind at the
+		// rebalance: the commit below stops below their messages, and
+		// Run waits for them before it returns.
 		s.c.leftover.Add(1)
 		go func() {
-			<-lanesDone
+			<-left
 			s.c.leftover.Done()
 		}()
 	}
+	stopCommits()
+	<-committerDone
+	s.commit(context.WithoutCancel(ctx))
 }
 
 // fetch hands the messages r fetches to their lanes until ctx is done.
@@ -442,24 +359,12 @@ func (s *session) fetch(ctx context.Context, r *kafka.Reader) {
 	failing := false
 	for {
 		km, err := r.FetchMessage(ctx)
-		if err == nil {
-			// Room for the message in the buffer shared by the
-			// partitions (taken after the fetch: a quiet partition must
-			// not hold a place while it waits for a message). A message
-			// left here at the stop is not tracked: its offset and the
-			// later ones stay uncommitted.
-			select {
-			case s.buffered <- struct{}{}:
-			case <-ctx.Done():
-				return
-			}
-		}
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
 			if !failing {
-				s.c.log.WarnContext(ctx, "justonce kafka: fetch failed, retrying", "topic", s.c.cfg.Topic, "partition", r.Config().Partition, "err", err)
+				s.c.Log.WarnContext(ctx, "justonce kafka: fetch failed, retrying", "topic", s.c.cfg.Topic, "partition", r.Config().Partition, "err", err)
 				failing = true
 			}
 			if consumer.Sleep(ctx, 500*time.Millisecond) != nil {
@@ -468,226 +373,26 @@ func (s *session) fetch(ctx context.Context, r *kafka.Reader) {
 			continue
 		}
 		failing = false
-		s.tr.Fetched(topicPartition{km.Topic, km.Partition}, km.Offset)
-		s.enqueue(s.route(km), fromKafka(km))
-	}
-}
-
-// route picks the lane of a message: its partition, or with ByKey (and
-// Concurrency > 1) a bucket of its key within the partition, so that what
-// must stay ordered stays in one lane.
-func (s *session) route(km kafka.Message) laneKey {
-	k := laneKey{tp: topicPartition{km.Topic, km.Partition}, bucket: -1}
-	if s.c.cfg.Ordering == ByKey {
-		k.bucket = keylane.Of(km.Key, s.c.cfg.Concurrency)
-	}
-	return k
-}
-
-// enqueue appends m to its lane and starts the lane's goroutine if none
-// runs.
-func (s *session) enqueue(k laneKey, m *consumer.Message) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	l := s.lanes[k]
-	if l == nil {
-		l = &lane{more: make(chan struct{}, 1)}
-		s.lanes[k] = l
-	}
-	l.msgs = append(l.msgs, m)
-	select {
-	case l.more <- struct{}{}:
-	default:
-	}
-	if !l.running {
-		l.running = true
-		s.lanesWG.Add(1)
-		go s.drain(l)
-	}
-}
-
-// pop takes up to n messages from the head of l. s.mu must be held.
-func (s *session) pop(l *lane, n int) []*consumer.Message {
-	n = min(n, len(l.msgs))
-	if n == 0 {
-		return nil
-	}
-	out := make([]*consumer.Message, n)
-	copy(out, l.msgs)
-	clear(l.msgs[:n])
-	l.msgs = l.msgs[n:]
-	if len(l.msgs) == 0 {
-		l.msgs = nil
-	}
-	for range n {
-		<-s.buffered // never blocks: each message in a lane holds a token
-	}
-	return out
-}
-
-// next takes the lane's next message (or batch); nil, and the lane's
-// goroutine ends, when the lane is empty or the consumer is stopping
-// (messages still queued are left pending).
-func (s *session) next(l *lane, n int) []*consumer.Message {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.stopped() || len(l.msgs) == 0 {
-		l.running = false
-		return nil
-	}
-	return s.pop(l, n)
-}
-
-// drain runs l's messages in order until it is empty or the consumer
-// stops: one at a time with BatchSize 1; otherwise what is waiting in the
-// lane, up to BatchSize, as one batch (a lone message runs at once).
-func (s *session) drain(l *lane) {
-	defer s.lanesWG.Done()
-	size := max(1, s.c.cfg.BatchSize)
-	for {
-		msgs := s.next(l, size)
-		if msgs == nil {
+		// Room for the message in the buffer shared by the partitions
+		// (taken after the fetch: a quiet partition must not hold a place
+		// while it waits for a message). A message left here at the stop
+		// is not tracked: its offset and the later ones stay uncommitted.
+		if !s.lanes.Reserve(ctx) {
 			return
 		}
-		if size == 1 {
-			s.handle(msgs[0])
-			continue
-		}
-		if s.c.cfg.BatchLinger > 0 {
-			msgs = s.linger(l, msgs, size)
-		}
-		s.handleBatch(msgs)
+		tp := topicPartition{km.Topic, km.Partition}
+		s.tr.Fetched(tp, km.Offset)
+		s.lanes.Enqueue(tp, fromKafka(km))
 	}
 }
 
-// linger waits up to BatchLinger for the batch to fill up.
-func (s *session) linger(l *lane, batch []*consumer.Message, size int) []*consumer.Message {
-	if len(batch) >= size {
-		return batch
-	}
-	t := time.NewTimer(s.c.cfg.BatchLinger)
-	defer t.Stop()
-	for len(batch) < size {
-		select {
-		case <-l.more:
-			s.mu.Lock()
-			batch = append(batch, s.pop(l, size-len(batch))...)
-			s.mu.Unlock()
-		case <-t.C:
-			return batch
-		case <-s.stopping.Done():
-			return batch
-		}
-	}
-	return batch
-}
-
-func (s *session) stopped() bool { return s.stopping.Err() != nil }
-
-// take takes one of the Concurrency slots; an error when the consumer is
-// stopping.
-func (s *session) take() error {
-	select {
-	case s.slots <- struct{}{}:
-	case <-s.stopping.Done():
-		return context.Cause(s.stopping)
-	}
-	if s.stopped() {
-		<-s.slots
-		return context.Cause(s.stopping)
-	}
-	return nil
-}
-
-// inSlot runs f holding one of the Concurrency slots, and returns false
-// (f not run) when the consumer is stopping. f gets the wait to give the
-// runtime's retry loop (consumer.Processor.Retry): it gives the slot back
-// while the message waits for its next attempt, so that the other lanes go
-// on, takes one again before the attempt, and stops when the consumer
-// stops, without cancelling an attempt in progress (attempts run on
-// procCtx).
-func (s *session) inSlot(f func(wait func(context.Context, time.Duration) error)) bool {
-	if s.take() != nil {
-		return false
-	}
-	held := true
-	defer func() {
-		if held {
-			<-s.slots
-		}
-	}()
-	f(func(_ context.Context, d time.Duration) error {
-		<-s.slots
-		held = false
-		if err := consumer.Sleep(s.stopping, d); err != nil {
-			return err
-		}
-		if err := s.take(); err != nil {
-			return err
-		}
-		held = true
-		return nil
-	})
-	return true
-}
-
-// handle runs one message to its end: done, dead-lettered, or stopped.
-func (s *session) handle(m *consumer.Message) {
-	marker, ok := s.marker(m)
-	switch {
-	case !ok:
-		return // stopping: left pending
-	case marker:
-		s.tr.Done(topicPartition{m.Topic, m.Partition}, m.Offset)
-		return
-	}
-	s.inSlot(func(wait func(context.Context, time.Duration) error) {
-		s.settle(m, s.c.proc.ProcessWithRetry(s.procCtx, m, wait))
-	})
-}
-
-// handleBatch runs a lane's batch in order: runs of messages in shared
-// transactions (consumer.Processor.ProcessRun), each run's decisions
-// settled, and a message to retry retried in place, before the messages
-// behind it run. Offsets not done (and every later one of their partition)
-// stay uncommitted.
-func (s *session) handleBatch(batch []*consumer.Message) {
-	events := batch[:0:0]
-	for _, m := range batch {
-		marker, ok := s.marker(m)
-		switch {
-		case !ok:
-			return // stopping: the rest is left pending
-		case marker:
-			s.tr.Done(topicPartition{m.Topic, m.Partition}, m.Offset)
-		default:
-			events = append(events, m)
-		}
-	}
-	if len(events) == 0 {
-		return
-	}
-	s.inSlot(func(wait func(context.Context, time.Duration) error) {
-		for len(events) > 0 && !s.stopped() {
-			ds := s.c.proc.ProcessRun(s.procCtx, events, consumer.RunLimits{MaxTime: s.c.cfg.BatchMaxTime, Stop: s.stopping.Done()})
-			for i, d := range ds {
-				d = s.c.proc.Retry(s.procCtx, events[i], d, wait)
-				s.settle(events[i], d)
-				if d.Action != consumer.Ack {
-					return // stopped: this one and the rest stay pending
-				}
-			}
-			events = events[len(ds):]
-		}
-	})
-}
-
-// marker reports whether m is a transaction marker, which is skipped: it
+// marker reports whether m is a transaction marker, which is skipped
+// (marked done without running): it
 // has the marker's shape and the broker says its batch is a control batch.
 // A plain record of the same shape is not a marker: it runs, or without an
 // event ID follows the no-ID policy (dead letter, or Processor.AllowNoID).
 // ok is false when the consumer stopped before the broker answered.
-func (s *session) marker(m *consumer.Message) (marker, ok bool) {
+func (s *session) marker(run, stopping context.Context, m *consumer.Message) (marker, ok bool) {
 	km, _ := m.Raw.(kafka.Message)
 	if !looksLikeMarker(km) {
 		return false, true
@@ -695,18 +400,18 @@ func (s *session) marker(m *consumer.Message) (marker, ok bool) {
 	tp := topicPartition{m.Topic, m.Partition}
 	failing := false
 	for {
-		ctl, err := s.ctl.isControl(s.procCtx, tp, m.Offset)
+		ctl, err := s.ctl.isControl(run, tp, m.Offset)
 		if err == nil {
 			if ctl {
-				s.c.log.Debug("justonce kafka: skipping a transaction marker", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
+				s.c.Log.Debug("justonce kafka: skipping a transaction marker", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset)
 			}
 			return ctl, true
 		}
 		if !failing {
-			s.c.log.Warn("justonce kafka: cannot tell whether a record is a transaction marker; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
+			s.c.Log.Warn("justonce kafka: cannot tell whether a record is a transaction marker; retrying", "topic", m.Topic, "partition", m.Partition, "offset", m.Offset, "err", err)
 			failing = true
 		}
-		if consumer.Sleep(s.stopping, 500*time.Millisecond) != nil {
+		if consumer.Sleep(stopping, 500*time.Millisecond) != nil {
 			return false, false
 		}
 	}
@@ -752,7 +457,7 @@ func (s *session) commit(ctx context.Context) {
 		byTopic[tp.topic][tp.partition] = next
 	}
 	if err := s.gen.CommitOffsets(byTopic); err != nil {
-		s.c.log.WarnContext(ctx, "justonce kafka: offset commit failed; will retry while the generation lasts (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "generation", s.gen.ID, "err", err)
+		s.c.Log.WarnContext(ctx, "justonce kafka: offset commit failed; will retry while the generation lasts (redelivered messages are deduplicated)", "group", s.c.cfg.GroupID, "generation", s.gen.ID, "err", err)
 		return
 	}
 	s.tr.Committed(offs)

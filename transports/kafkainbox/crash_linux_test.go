@@ -84,12 +84,11 @@ func consumerProcess() int {
 		return fail(err)
 	}
 	c, err := kafkainbox.New(kafkainbox.Config{
-		Brokers:     strings.Split(os.Getenv(helperBrokers), ","),
-		Topic:       os.Getenv(helperTopic),
-		GroupID:     os.Getenv(helperGroup),
-		Processor:   consumer.Config{Ledger: ledger},
-		Concurrency: 2,
-		BatchSize:   batch,
+		Brokers:    strings.Split(os.Getenv(helperBrokers), ","),
+		Topic:      os.Getenv(helperTopic),
+		GroupID:    os.Getenv(helperGroup),
+		Processor:  consumer.Config{Ledger: ledger},
+		Scheduling: consumer.Scheduling{Concurrency: 2, BatchSize: batch},
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		time.Sleep(time.Millisecond) // a handler that takes a little while
 		if _, err := tx.Exec(ctx, `INSERT INTO effects (event_id, value, part, off) VALUES ($1, $2, $3, $4)`, m.ID, m.Value, m.Partition, m.Offset); err != nil {

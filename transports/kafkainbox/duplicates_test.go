@@ -7,6 +7,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/transports/kafkainbox"
 )
@@ -31,12 +32,11 @@ func TestTenThousandWithDuplicates(t *testing.T) {
 
 	group := "g-" + topic
 	stop := start(t, kafkainbox.Config{
-		Brokers:     brokers,
-		Topic:       topic,
-		GroupID:     group,
-		Processor:   fx.processor(),
-		Concurrency: 4,
-		Ordering:    kafkainbox.ByKey,
+		Brokers:    brokers,
+		Topic:      topic,
+		GroupID:    group,
+		Processor:  fx.processor(),
+		Scheduling: consumer.Scheduling{Concurrency: 4, Ordering: consumer.ByKey},
 	}, fx.insert)
 	testsvc.Eventually(t, 120*time.Second, func() bool { return fx.executed.Load()+fx.dups.Load() >= unique+dups },
 		"all %d deliveries answered (executed %d, duplicates %d)", unique+dups, fx.executed.Load(), fx.dups.Load())

@@ -27,7 +27,7 @@ func TestQuietPartitionsDoNotStarveABusyOne(t *testing.T) {
 	const n = 60
 	publishTo(t, brokers, topic, 0, events("busy", 0, n, 1)...)
 	cfg := kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: "g-" + topic, Processor: fx.processor(),
-		MaxBuffered: 2, BatchSize: 1, Concurrency: 1}
+		Scheduling: consumer.Scheduling{MaxBuffered: 2, BatchSize: 1, Concurrency: 1}}
 	stop := start(t, cfg, fx.insert)
 	testsvc.Eventually(t, 60*time.Second, func() bool { return fx.effects(t) == n }, "the busy partition consumed to its end")
 	stop()
@@ -68,7 +68,7 @@ func TestHandlerIgnoringCancellationDoesNotHoldTheRebalance(t *testing.T) {
 		}
 		return fx.insert(ctx, tx, m)
 	}
-	cfg := kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: fx.processor(), BatchSize: 1}
+	cfg := kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: fx.processor(), Scheduling: consumer.Scheduling{BatchSize: 1}}
 	publishTo(t, brokers, topic, 0, kafkainbox.NewMessage("stuck", nil, []byte("x")))
 	stopA := start(t, cfg, handlerA)
 	select {

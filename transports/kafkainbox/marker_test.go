@@ -149,7 +149,7 @@ func TestTransactionMarkersSkippedLookAlikesNot(t *testing.T) {
 			var noID atomic.Int64
 			pc := fx.processor()
 			pc.AllowNoID = allowNoID
-			stop := start(t, kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: pc, BatchSize: tc.batch},
+			stop := start(t, kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: pc, Scheduling: consumer.Scheduling{BatchSize: tc.batch}},
 				func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 					if m.ID == "" {
 						require.Equal(t, lookAlike.Key, m.Key)

@@ -1,10 +1,11 @@
 package kafkainbox
 
 import (
-	"github.com/justonce/justonce/inbox"
 	"github.com/segmentio/kafka-go"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/transports/internal/kafkarec"
 )
 
 // HeaderEventID is the header NewMessage puts the event ID in; the default
@@ -26,31 +27,10 @@ func NewMessage(id string, key, value []byte) kafka.Message {
 // fromKafka turns a fetched message into the runtime's Message. Raw holds
 // the kafka.Message.
 func fromKafka(km kafka.Message) *consumer.Message {
-	m := &consumer.Message{
-		Key:       km.Key,
-		Topic:     km.Topic,
-		Partition: km.Partition,
-		Offset:    km.Offset,
-		Value:     km.Value,
-		Time:      km.Time,
-		Attempt:   1,
-		Raw:       km,
-	}
-	if len(km.Headers) > 0 {
-		m.Headers = make([]consumer.Header, len(km.Headers))
-		for i, h := range km.Headers {
-			m.Headers[i] = consumer.Header{Key: h.Key, Value: h.Value}
-		}
-	}
-	return m
-}
-
-func toKafkaHeaders(hs []consumer.Header) []kafka.Header {
-	out := make([]kafka.Header, len(hs))
-	for i, h := range hs {
-		out[i] = kafka.Header{Key: h.Key, Value: h.Value}
-	}
-	return out
+	return kafkarec.Message(kafkarec.Record[kafka.Header]{
+		Key: km.Key, Value: km.Value, Headers: km.Headers,
+		Topic: km.Topic, Partition: km.Partition, Offset: km.Offset, Time: km.Time,
+	}, km)
 }
 
 // Source is what the ledger records as the source of the events this

@@ -129,7 +129,7 @@ func TestRebalanceCutsShutdownWait(t *testing.T) {
 		return ctx.Err()
 	}
 	cfg := kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: fx.processor(),
-		ShutdownTimeout: shutdown, Reader: tuneReader}
+		Scheduling: consumer.Scheduling{ShutdownTimeout: shutdown}, Reader: tuneReader}
 	a, err := kafkainbox.New(cfg, holdUntilCancelled)
 	require.NoError(t, err)
 	stopA, exitedA := consumertest.Start(t, a)

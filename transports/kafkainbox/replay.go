@@ -5,13 +5,12 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"time"
 
 	"github.com/segmentio/kafka-go"
 
 	"github.com/justonce/justonce/consumer"
-	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/transports/internal/kafkareplay"
 )
 
 // ReplayConfig says what part of a topic to replay.
@@ -64,36 +63,23 @@ var _ consumer.ReplaySource = (*ReplaySource)(nil)
 // NewReplaySource opens a replay of cfg.Topic. It fixes the end of each
 // partition now: messages published later are not part of the replay.
 func NewReplaySource(ctx context.Context, cfg ReplayConfig) (*ReplaySource, error) {
-	if len(cfg.Brokers) == 0 || cfg.Topic == "" {
-		return nil, fmt.Errorf("%w: kafkainbox: replay needs Brokers and Topic", inbox.ErrConfig)
-	}
-	if cfg.StartOffset < 0 || cfg.FetchWait < 0 {
-		return nil, fmt.Errorf("%w: kafkainbox: negative StartOffset or FetchWait", inbox.ErrConfig)
+	if err := kafkareplay.Check("kafkainbox", cfg.Brokers, cfg.Topic, cfg.StartOffset, &cfg.FetchWait); err != nil {
+		return nil, err
 	}
 	if cfg.Dialer == nil {
 		cfg.Dialer = kafka.DefaultDialer
-	}
-	if cfg.FetchWait == 0 {
-		cfg.FetchWait = 10 * time.Second
 	}
 	parts, err := cfg.Dialer.LookupPartitions(ctx, "tcp", cfg.Brokers[0], cfg.Topic)
 	if err != nil {
 		return nil, fmt.Errorf("justonce/kafkainbox: replay: partitions of %s: %w", cfg.Topic, err)
 	}
-	ids := make([]int, 0, len(parts))
+	have := make([]int, 0, len(parts))
 	for _, p := range parts {
-		ids = append(ids, p.ID)
+		have = append(have, p.ID)
 	}
-	slices.Sort(ids)
-	if len(cfg.Partitions) > 0 {
-		for _, p := range cfg.Partitions {
-			if !slices.Contains(ids, p) {
-				return nil, fmt.Errorf("%w: kafkainbox: topic %s has no partition %d", inbox.ErrConfig, cfg.Topic, p)
-			}
-		}
-		ids = slices.Clone(cfg.Partitions)
-		slices.Sort(ids)
-		ids = slices.Compact(ids)
+	ids, err := kafkareplay.Partitions("kafkainbox", cfg.Topic, have, cfg.Partitions)
+	if err != nil {
+		return nil, err
 	}
 	s := &ReplaySource{cfg: cfg}
 	for _, p := range ids {
@@ -119,17 +105,14 @@ func (s *ReplaySource) bounds(ctx context.Context, p int) (partitionRange, error
 	if err != nil {
 		return partitionRange{}, fmt.Errorf("justonce/kafkainbox: replay: offsets of partition %d: %w", p, err)
 	}
-	start := max(s.cfg.StartOffset, first)
-	if !s.cfg.StartTime.IsZero() {
-		at, err := conn.ReadOffset(s.cfg.StartTime)
-		if err != nil {
+	at := int64(-1)
+	byTime := !s.cfg.StartTime.IsZero()
+	if byTime {
+		if at, err = conn.ReadOffset(s.cfg.StartTime); err != nil {
 			return partitionRange{}, fmt.Errorf("justonce/kafkainbox: replay: offset at %s of partition %d: %w", s.cfg.StartTime, p, err)
 		}
-		start = max(at, first)
-		if at < 0 { // nothing stamped at or after StartTime
-			start = last
-		}
 	}
+	start := kafkareplay.Start(first, last, s.cfg.StartOffset, byTime, at)
 	return partitionRange{partition: p, start: start, end: last}, nil
 }
 
@@ -214,12 +197,7 @@ func (s *ReplaySource) closeReader() {
 // scope (and ID extractor) of the consumer whose effects are replayed.
 // Consumer.Replay does this with a Consumer's own handler and settings.
 func Replay(ctx context.Context, cfg ReplayConfig, p *consumer.Processor, opts consumer.ReplayOptions) (consumer.ReplayReport, error) {
-	src, err := NewReplaySource(ctx, cfg)
-	if err != nil {
-		return consumer.ReplayReport{DryRun: opts.DryRun}, err
-	}
-	defer src.Close()
-	return p.Replay(ctx, src, opts)
+	return kafkareplay.Run(ctx, func() (*ReplaySource, error) { return NewReplaySource(ctx, cfg) }, p, opts)
 }
 
 // Replay re-reads a topic (by default the Consumer's own, from its oldest
@@ -239,7 +217,7 @@ func (c *Consumer) Replay(ctx context.Context, cfg ReplayConfig, opts consumer.R
 		cfg.Dialer = c.readerConfig().Dialer
 	}
 	pc := c.cfg.Processor
-	if !c.userDL && !opts.DryRun {
+	if !c.UserDL && !opts.DryRun {
 		// A writer of the replay's own: Run closes the Consumer's.
 		w, owned := c.deadLetterWriter()
 		if owned {
@@ -247,9 +225,7 @@ func (c *Consumer) Replay(ctx context.Context, cfg ReplayConfig, opts consumer.R
 		}
 		pc.DeadLetter = c.deadLetterTo(w)
 	}
-	p, err := consumer.New(pc, c.h)
-	if err != nil {
-		return consumer.ReplayReport{DryRun: opts.DryRun}, err
-	}
-	return Replay(ctx, cfg, p, opts)
+	return kafkareplay.WithHandler(pc, c.Handler, opts, func(p *consumer.Processor) (consumer.ReplayReport, error) {
+		return Replay(ctx, cfg, p, opts)
+	})
 }

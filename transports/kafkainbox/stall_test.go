@@ -83,7 +83,7 @@ func TestRetryingMessageDoesNotStallOtherPartitions(t *testing.T) {
 		defer mu.Unlock()
 		deadAt = time.Now()
 	}
-	stop := start(t, kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: pc, Concurrency: 1},
+	stop := start(t, kafkainbox.Config{Brokers: brokers, Topic: topic, GroupID: group, Processor: pc, Scheduling: consumer.Scheduling{Concurrency: 1}},
 		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			mu.Lock()
 			switch {

@@ -103,7 +103,7 @@ func TestRedeliveriesAreNotAttempts(t *testing.T) {
 	// shutdown timeout and is cancelled: not a failure of the handler.
 	entered := make(chan struct{})
 	c1, err := New(Config{Conn: e.nc, Stream: stream, Durable: "r", AckWait: ackWait, Processor: pcfg,
-		ShutdownTimeout: 200 * time.Millisecond}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		Scheduling: consumer.Scheduling{ShutdownTimeout: 200 * time.Millisecond}}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		record(m)
 		close(entered)
 		<-ctx.Done()
@@ -234,7 +234,7 @@ func TestHostileHandlersDeadLettered(t *testing.T) {
 			fx.pg.Exec(t, `CREATE TABLE children (parent text REFERENCES parents (id) DEFERRABLE INITIALLY DEFERRED)`)
 			runs := map[string]int{}
 			var mu sync.Mutex
-			c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "h", Processor: fx.processor(subject), BatchSize: batch}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+			c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "h", Processor: fx.processor(subject), Scheduling: consumer.Scheduling{BatchSize: batch}}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 				mu.Lock()
 				runs[m.ID]++
 				mu.Unlock()

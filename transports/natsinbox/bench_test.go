@@ -287,7 +287,7 @@ func benchWrapped(b *testing.B, e *env, ledger *inbox.Ledger, n, concurrency, ba
 	ready := make(chan struct{})
 	var start time.Time
 	c, err := New(Config{
-		Conn: e.nc, Stream: stream, Durable: "wrapped", Concurrency: concurrency, BatchSize: batch,
+		Conn: e.nc, Stream: stream, Durable: "wrapped", Scheduling: consumer.Scheduling{Concurrency: concurrency, BatchSize: batch},
 		Processor: consumer.Config{Ledger: ledger, Scope: stream, Hooks: consumer.Hooks{
 			OnOutcome: func(*consumer.Message, inbox.Outcome, time.Duration) {
 				if done.Add(1) == int64(n) {

@@ -12,15 +12,15 @@ import (
 	"github.com/justonce/justonce/inbox"
 )
 
-// Defaults applied by New to zero Config fields.
+// Defaults applied by New to zero Config fields. Config.Scheduling's are
+// consumer's (consumer.DefaultScheduling) but for Concurrency and
+// MaxBuffered, and BatchSize with core NATS (see Config.Scheduling).
 const (
-	DefaultAckWait         = 30 * time.Second      // Config.AckWait (the server's default too)
-	DefaultMaxBuffered     = 64                    // Config.MaxBuffered
-	DefaultFetchWait       = time.Second           // Config.FetchWait (unused)
-	DefaultBatchSize       = 50                    // Config.BatchSize
-	DefaultBatchMaxTime    = 50 * time.Millisecond // Config.BatchMaxTime
-	DefaultShutdownTimeout = 30 * time.Second      // Config.ShutdownTimeout
-	DefaultAckTimeout      = 5 * time.Second       // Config.AckTimeout
+	DefaultAckWait     = 30 * time.Second // Config.AckWait (the server's default too)
+	DefaultFetchWait   = time.Second      // Config.FetchWait (unused)
+	DefaultAckTimeout  = 5 * time.Second  // Config.AckTimeout
+	DefaultConcurrency = 1                // Config.Concurrency: the stream's order
+	DefaultMaxBuffered = 64               // Config.MaxBuffered
 
 	// DeadLetterSuffix is appended to a message's subject to form its
 	// dead-letter subject when Config.DeadLetterSubject is empty.
@@ -74,29 +74,32 @@ type Config struct {
 	// Heartbeat is how often a running handler's message is marked
 	// InProgress. Default a third of AckWait; negative disables it.
 	Heartbeat time.Duration
-	// MaxBuffered is how many pulled messages may wait for a worker: how
-	// many Consume pulls ahead (jetstream.PullMaxMessages). Default 64.
-	// Messages waiting for a worker are not kept InProgress: keep
-	// MaxBuffered × handler time / Concurrency well under AckWait.
-	MaxBuffered int
-	// BatchSize is how many messages may run in one transaction
-	// (JetStream). When a worker takes a message and others pulled are
-	// already waiting behind it, up to BatchSize of them run in one
-	// transaction, each message's claim and handler in its own savepoint
-	// (consumer.Processor.ProcessRun), commit together and are acked one
-	// by one; a message whose handler fails is rolled back alone, the ones
-	// before it commit, and it is retried in place (or dead-lettered)
-	// before the ones behind it run. A message that finds none waiting
-	// runs at once in a transaction of its own: batches form under load
-	// only, and never wait to fill. Default DefaultBatchSize (50); 1 turns
-	// batching off. Core NATS runs one message per transaction: there it
-	// may only be 0 or 1.
-	BatchSize int
-	// BatchMaxTime bounds a batch in time: once its transaction has been
-	// running this long it starts no further message and commits what ran
-	// (the rest runs in the next transaction). Default
-	// DefaultBatchMaxTime (50 ms).
-	BatchMaxTime time.Duration
+
+	// Scheduling: Concurrency, MaxBuffered, the batches and
+	// ShutdownTimeout (see consumer.Scheduling), with the defaults of
+	// consumer.DefaultScheduling except where NATS differs:
+	//
+	//   - Concurrency defaults to DefaultConcurrency (1), which keeps the
+	//     stream's order apart from redeliveries. Above 1, that many
+	//     workers take the next pulled messages, with what waits behind
+	//     them, in no order between them. Each worker runs its own
+	//     batches.
+	//   - Ordering must be consumer.ByPartition: NATS messages have no key.
+	//   - MaxBuffered defaults to DefaultMaxBuffered (64): it is how many
+	//     messages Consume pulls ahead (jetstream.PullMaxMessages).
+	//     Messages waiting for a worker are not kept InProgress: keep
+	//     MaxBuffered × handler time / Concurrency well under AckWait.
+	//   - BatchSize batches JetStream's messages (the messages pulled and
+	//     waiting, acked one by one after their transaction commits).
+	//     Core NATS runs one message per transaction: there BatchSize may
+	//     only be 0 or 1, and BatchLinger is not used.
+	//   - ShutdownTimeout is how long in-flight handlers keep an
+	//     uncancelled context once Run's context is done; then their
+	//     contexts are cancelled (their transactions roll back and the
+	//     messages are Nak'ed; with core NATS they are lost, and logged).
+	//     Run returns once they have returned: a handler that ignores its
+	//     context's cancellation holds Run until it returns.
+	consumer.Scheduling
 	// FetchWait is not used: batches are taken from what Consume has
 	// pulled.
 	//
@@ -110,21 +113,10 @@ type Config struct {
 	// subject's messages. Empty: a plain subscription.
 	Queue string
 
-	// Concurrency is how many handlers run at once. Default 1, which keeps
-	// the stream's order apart from redeliveries. Each worker runs its own
-	// batches.
-	Concurrency int
 	// DeadLetterSubject receives the messages that failed for good.
 	// Default: the message's subject with DeadLetterSuffix appended.
 	// Unused when Processor.DeadLetter is set.
 	DeadLetterSubject string
-	// ShutdownTimeout is how long in-flight handlers keep an uncancelled
-	// context once Run's context is done; then their contexts are
-	// cancelled (their transactions roll back and the messages are
-	// Nak'ed; with core NATS they are lost, and logged). Run returns once
-	// they have returned: a handler that ignores its context's
-	// cancellation holds Run until it returns. Default 30 s.
-	ShutdownTimeout time.Duration
 
 	// beforeAck, for tests, is called after the ledger's transaction
 	// committed and before the message is acked.
@@ -145,24 +137,15 @@ func (c Config) withDefaults() Config {
 	if c.AckTimeout <= 0 {
 		c.AckTimeout = DefaultAckTimeout
 	}
-	if c.MaxBuffered <= 0 {
-		c.MaxBuffered = DefaultMaxBuffered
-	}
 	if c.FetchWait <= 0 {
 		c.FetchWait = DefaultFetchWait
 	}
-	if c.BatchSize == 0 && c.jetStream() {
-		c.BatchSize = DefaultBatchSize
+	d := consumer.DefaultScheduling()
+	d.Concurrency, d.MaxBuffered = DefaultConcurrency, DefaultMaxBuffered
+	if !c.jetStream() {
+		d.BatchSize = 0 // one message per transaction
 	}
-	if c.BatchMaxTime <= 0 {
-		c.BatchMaxTime = DefaultBatchMaxTime
-	}
-	if c.Concurrency <= 0 {
-		c.Concurrency = 1
-	}
-	if c.ShutdownTimeout <= 0 {
-		c.ShutdownTimeout = DefaultShutdownTimeout
-	}
+	c.Scheduling = c.Scheduling.WithDefaults(d)
 	p := &c.Processor
 	if p.Scope == "" {
 		switch {
@@ -230,11 +213,14 @@ func (c Config) Validate() error {
 			bad("Durable, Bind and FilterSubjects are for JetStream only")
 		}
 	}
-	if c.BatchSize < 0 {
-		bad("BatchSize is negative")
+	if err := c.Scheduling.Validate(); err != nil {
+		errs = append(errs, fmt.Errorf("natsinbox: %w", err))
 	}
-	if c.Concurrency < 0 || c.MaxBuffered < 0 || c.MaxAckPending < 0 {
-		bad("Concurrency, MaxBuffered and MaxAckPending may not be negative")
+	if c.Ordering == consumer.ByKey {
+		bad("Ordering ByKey needs message keys; NATS messages have none")
+	}
+	if c.MaxAckPending < 0 {
+		bad("MaxAckPending may not be negative")
 	}
 	if c.DeadLetterSubject != "" && !validSubject(c.DeadLetterSubject, false) {
 		bad("DeadLetterSubject: invalid subject %q (no wildcards)", c.DeadLetterSubject)

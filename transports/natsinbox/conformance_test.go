@@ -46,12 +46,12 @@ func (h *harness) Start(t *testing.T, topic, group string, opts consumertest.Opt
 	nc, err := nats.Connect(h.env.url)
 	require.NoError(t, err)
 	c, err := New(Config{
-		Conn:      nc,
-		Stream:    "S-" + topic,
-		Durable:   group,
-		Processor: opts.Config,
-		BatchSize: suiteBatch(opts.BatchSize),
-		AckWait:   5 * time.Second,
+		Conn:       nc,
+		Stream:     "S-" + topic,
+		Durable:    group,
+		Processor:  opts.Config,
+		Scheduling: consumer.Scheduling{BatchSize: suiteBatch(opts.BatchSize)},
+		AckWait:    5 * time.Second,
 	}, opts.Handler)
 	require.NoError(t, err)
 	stopRun, _ := consumertest.Start(t, c)

@@ -8,7 +8,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -16,17 +15,16 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/transports/internal/front"
 )
 
 // Consumer consumes a JetStream durable or a core NATS subject with
 // exactly-once effects. Create it with New and start it with Run.
 type Consumer struct {
-	cfg  Config
-	proc *consumer.Processor
-	js   jetstream.JetStream // nil in core mode
-	log  *slog.Logger
-	hb   *heartbeat // nil when disabled or in core mode
-	ran  atomic.Bool
+	front.Front
+	cfg Config
+	js  jetstream.JetStream // nil in core mode
+	hb  *heartbeat          // nil when disabled or in core mode
 	// stream and its creation time, set by setup (JetStream): they name
 	// the messages in the attempt table.
 	stream        string
@@ -52,7 +50,7 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
-	c := &Consumer{cfg: cfg, log: cfg.Processor.Ledger.Logger()}
+	c := &Consumer{cfg: cfg}
 	if cfg.jetStream() {
 		js, err := jetstream.New(cfg.Conn)
 		if err != nil {
@@ -60,22 +58,16 @@ func New(cfg Config, h consumer.Handler) (*Consumer, error) {
 		}
 		c.js = js
 	}
-	pcfg := cfg.Processor
-	if pcfg.DeadLetter == nil {
-		pcfg.DeadLetter = c.publishDeadLetter
-	}
-	proc, err := consumer.New(pcfg, h)
-	if err != nil {
+	if _, err := c.Init(cfg.Processor, h, func() front.DeadLetter { return c.publishDeadLetter }); err != nil {
 		return nil, err
 	}
-	c.proc = proc
 	return c, nil
 }
 
 // Config returns the configuration with defaults applied.
 func (c *Consumer) Config() Config {
 	cfg := c.cfg
-	cfg.Processor = c.proc.Config()
+	cfg.Processor = c.Proc.Config()
 	return cfg
 }
 
@@ -88,8 +80,8 @@ func (c *Consumer) Config() Config {
 // dead letters) or stops for good (the durable was deleted). A second
 // call returns consumer.ErrRunOnce.
 func (c *Consumer) Run(ctx context.Context) error {
-	if !c.ran.CompareAndSwap(false, true) {
-		return consumer.ErrRunOnce
+	if err := c.Started(); err != nil {
+		return err
 	}
 	if c.js != nil {
 		return c.runJetStream(ctx)
@@ -106,7 +98,7 @@ func (c *Consumer) procContext(ctx context.Context) (pctx context.Context, start
 	startDrain = func() {
 		once.Do(func() {
 			t := time.AfterFunc(c.cfg.ShutdownTimeout, func() {
-				c.log.WarnContext(ctx, "justonce natsinbox: in-flight handlers still running after the shutdown timeout; cancelling them", "timeout", c.cfg.ShutdownTimeout)
+				c.Log.WarnContext(ctx, "justonce natsinbox: in-flight handlers still running after the shutdown timeout; cancelling them", "timeout", c.cfg.ShutdownTimeout)
 				cancel()
 			})
 			context.AfterFunc(pctx, func() { t.Stop() })
@@ -157,7 +149,7 @@ func (c *Consumer) jsMessage(m jetstream.Msg) *consumer.Message {
 			msg.Attempt, msg.Uncounted = max(n.attempt, 1), n.uncounted
 		}
 	} else {
-		c.log.Warn("justonce natsinbox: message without JetStream metadata", "subject", m.Subject(), "err", err)
+		c.Log.Warn("justonce natsinbox: message without JetStream metadata", "subject", m.Subject(), "err", err)
 	}
 	return msg
 }
@@ -215,7 +207,7 @@ func (c *Consumer) settle(m jetstream.Msg, msg *consumer.Message, d consumer.Dec
 	if err != nil && !errors.Is(err, jetstream.ErrMsgAlreadyAckd) {
 		// The message comes again after AckWait; the ledger answers
 		// Duplicate if its transaction committed.
-		c.log.Warn("justonce natsinbox: ack failed, the message will be redelivered", "action", d.Action.String(),
+		c.Log.Warn("justonce natsinbox: ack failed, the message will be redelivered", "action", d.Action.String(),
 			"id", inbox.Mask(msg.ID), "subject", msg.Topic, "seq", msg.Offset, "err", err)
 	}
 }

@@ -37,7 +37,7 @@ func (c *Consumer) runCore(ctx context.Context) error {
 	jobs := make(chan *nats.Msg)
 	quit := make(chan struct{})
 	lost := func(msg *consumer.Message, err error) {
-		c.log.ErrorContext(ctx, "justonce natsinbox: core NATS message not processed before shutdown, lost (core NATS does not redeliver)",
+		c.Log.ErrorContext(ctx, "justonce natsinbox: core NATS message not processed before shutdown, lost (core NATS does not redeliver)",
 			"id", inbox.Mask(msg.ID), "subject", msg.Topic, "err", err)
 	}
 	var wg sync.WaitGroup
@@ -52,7 +52,7 @@ func (c *Consumer) runCore(ctx context.Context) error {
 					// Retries wait on pctx: core NATS does not redeliver,
 					// so they go on during a shutdown, up to
 					// ShutdownTimeout.
-					if d := c.proc.ProcessWithRetry(pctx, msg, nil); d.Action != consumer.Ack {
+					if d := c.Proc.ProcessWithRetry(pctx, msg, nil); d.Action != consumer.Ack {
 						lost(msg, d.Err)
 					}
 				}

@@ -39,6 +39,16 @@
 //     error, or no event ID) the message is published to the dead-letter
 //     subject, recorded failed in the ledger and Term'ed.
 //
+// The workers are the lane scheduler every consumer front shares, with one
+// lane that Config.Concurrency goroutines drain: each takes the next
+// pulled message with what waits behind it (up to BatchSize, after
+// Config.BatchLinger if set). JetStream has no partitions or keys to keep
+// lanes apart, so Config.Ordering must stay consumer.ByPartition:
+// Concurrency 1 keeps the stream's order, and above it the workers run
+// side by side in no order, so that a message retried in place holds up
+// one worker, not the messages behind it (waiting in a lane they would not
+// be kept InProgress, and their AckWait would run out).
+//
 // Run stops as every front does (see the consumer package, "Fronts"): it
 // stops pulling, lets the attempts in flight finish and acks them, ends the
 // waits between retries, Naks the rest so that another member of the
@@ -90,6 +100,14 @@
 // NATS has no record of it to send again.
 // The ledger still makes sure that an event published twice (a publisher
 // retry) runs once. Use JetStream where losing a message matters.
+//
+// Core NATS does not use the lane scheduler: its subscription hands each
+// message to a free worker (Config.Concurrency of them) and blocks while
+// none is free, one message per transaction. The scheduler's stop (no
+// attempt starts after it, and what waits is handed back) fits a broker
+// that delivers again; core NATS cannot take a message back, so its
+// shutdown drains the subscription and runs what the server already sent,
+// and the retries of a message go on until ShutdownTimeout.
 //
 // # Dead letters
 //

@@ -203,8 +203,8 @@ func ExampleConfig_batch() {
 
 	c, err := natsinbox.New(natsinbox.Config{
 		Conn: nc, Stream: "ORDERS", Durable: "billing",
-		Processor: consumer.Config{Ledger: ledger, MaxAttempts: 5},
-		BatchSize: 100,
+		Processor:  consumer.Config{Ledger: ledger, MaxAttempts: 5},
+		Scheduling: consumer.Scheduling{BatchSize: 100},
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		_, err := tx.Exec(ctx, `INSERT INTO invoices (order_id) VALUES ($1)`, m.ID)
 		return err

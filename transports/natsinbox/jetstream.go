@@ -11,6 +11,7 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/transports/internal/lanes"
 )
 
 // setup creates, updates or binds the durable and checks the stream, and
@@ -35,7 +36,7 @@ func (c *Consumer) setup(ctx context.Context) (jetstream.Consumer, time.Duration
 		if cc.AckPolicy != jetstream.AckExplicitPolicy {
 			return nil, 0, fmt.Errorf("%w: natsinbox: durable %q must use explicit acks, has %s", inbox.ErrConfig, c.cfg.Durable, cc.AckPolicy)
 		}
-		if max := c.proc.Config().MaxAttempts; cc.MaxDeliver > 0 && cc.MaxDeliver < max {
+		if max := c.Proc.Config().MaxAttempts; cc.MaxDeliver > 0 && cc.MaxDeliver < max {
 			return nil, 0, fmt.Errorf("%w: natsinbox: durable %q has MaxDeliver %d below Processor.MaxAttempts %d: JetStream would stop delivering a failing message before it is dead-lettered",
 				inbox.ErrConfig, c.cfg.Durable, cc.MaxDeliver, max)
 		}
@@ -73,12 +74,12 @@ func (c *Consumer) setup(ctx context.Context) (jetstream.Consumer, time.Duration
 	if err := c.cfg.checkDeadLetterLoop(subjects); err != nil {
 		return nil, 0, err
 	}
-	ttl := c.proc.Config().TTL
+	ttl := c.Proc.Config().TTL
 	if ttl == 0 {
-		ttl = c.proc.Config().Ledger.DefaultTTL()
+		ttl = c.Proc.Config().Ledger.DefaultTTL()
 	}
-	if si.Config.MaxAge > ttl {
-		c.log.WarnContext(ctx, "justonce natsinbox: the stream keeps messages longer than the ledger keeps their IDs; a redelivery or replay after the ledger row expired runs the handler again",
+	if outlivesLedger(si.Config.MaxAge, ttl) {
+		c.Log.WarnContext(ctx, "justonce natsinbox: the stream keeps messages longer than the ledger keeps their IDs; a redelivery or replay after the ledger row expired runs the handler again",
 			"stream", c.cfg.Stream, "max_age", si.Config.MaxAge, "ledger_ttl", ttl)
 	}
 	ackWait := info.Config.AckWait
@@ -86,6 +87,13 @@ func (c *Consumer) setup(ctx context.Context) (jetstream.Consumer, time.Duration
 		ackWait = DefaultAckWait
 	}
 	return cons, ackWait, nil
+}
+
+// outlivesLedger reports whether a stream whose messages are kept maxAge
+// (0: JetStream's default, for ever) may hand out a message after the
+// ledger forgot its ID (kept ttl).
+func outlivesLedger(maxAge, ttl time.Duration) bool {
+	return maxAge == 0 || maxAge > ttl
 }
 
 func (c *Consumer) runJetStream(ctx context.Context) error {
@@ -100,83 +108,64 @@ func (c *Consumer) runJetStream(ctx context.Context) error {
 			every = ackWait / 3
 		}
 		c.hb = &heartbeat{msgs: map[jetstream.Msg]struct{}{}}
-		go c.hb.run(hbStop, every, c.log)
+		go c.hb.run(hbStop, every, c.Log)
 	}
-	pctx, startDrain, cancel := c.procContext(ctx)
-	defer cancel()
-	return c.runConsume(ctx, pctx, startDrain, cons)
+	return c.runConsume(ctx, cons)
 }
 
-// handle processes one message and settles it. pctx is the handlers'
-// context; stopping ends when the consumer stops.
-func (c *Consumer) handle(pctx, stopping context.Context, m jetstream.Msg) {
-	msg := c.jsMessage(m)
-	c.hb.add(m)
-	d := consumer.Decision{Action: consumer.Stop, Err: context.Cause(stopping)}
-	if stopping.Err() == nil {
-		d = c.proc.ProcessWithRetry(pctx, msg, waitUntil(stopping))
-	}
-	c.hb.remove(m)
-	c.settle(m, msg, d)
-}
-
-// waitUntil is the wait between attempts given to the runtime's retry loop
-// (consumer.Processor.Retry): every retry, counted (the handler failed) or
-// not (the database was unavailable, another consumer held the event),
-// happens in place, with the message kept InProgress by the heartbeat,
-// rather than through a Nak and a redelivery. The attempt count stays with
-// the message in this process, and a poison message occupies one worker
-// for its retry budget without being handed to another member with its
-// count lost. When stopping ends, the wait ends at once (an attempt in
-// progress runs to its decision on the handlers' context first); the Stop
-// decision that follows Naks the message, and its counts are kept for its
-// redelivery (see remember).
-func waitUntil(stopping context.Context) func(context.Context, time.Duration) error {
-	return func(_ context.Context, d time.Duration) error { return consumer.Sleep(stopping, d) }
-}
-
-// runConsume pulls with Consume and hands the messages to the workers.
-// With batching (BatchSize > 1) a worker takes, with each message, the
-// ones already waiting behind it, up to BatchSize, and runs them as one
-// batch; a message that finds none waiting runs at once on its own.
-func (c *Consumer) runConsume(ctx, pctx context.Context, startDrain func(), cons jetstream.Consumer) error {
+// runConsume pulls with Consume and hands the messages to the workers:
+// one lane (lanes.Scheduler) that Concurrency goroutines drain. With
+// batching (BatchSize > 1) a worker takes, with each message, the ones
+// already waiting behind it, up to BatchSize, and runs them as one batch;
+// a message that finds none waiting runs at once on its own. What a
+// worker has taken is kept InProgress by the heartbeat; each decision is
+// settled (acked, Nak'ed, Term'ed) as it is made. Messages pulled but not
+// started when the consumer stops are Nak'ed, so that another member gets
+// them at once.
+//
+// Every retry, counted (the handler failed) or not (the database was
+// unavailable, another consumer held the event), happens in place (the
+// scheduler's wait, given to consumer.Processor.Retry), with the message
+// kept InProgress by the heartbeat, rather than through a Nak and a
+// redelivery. The attempt count stays with the message in this process,
+// and a poison message occupies one worker for its retry budget without
+// being handed to another member with its count lost. When the consumer
+// stops, the wait ends at once (an attempt in progress runs to its
+// decision on the handlers' context first); the Stop decision that follows
+// Naks the message, and its counts are kept for its redelivery (see
+// remember).
+func (c *Consumer) runConsume(ctx context.Context, cons jetstream.Consumer) error {
 	size := max(1, c.cfg.BatchSize)
-	jobs := make(chan jetstream.Msg, size-1) // a batch's worth waiting beside the one a worker takes
-	draining := make(chan struct{})
-	// stopping ends as soon as ctx does (synchronously, so that a batch in
-	// progress starts no further message once the caller has stopped), or
-	// when the subscription closes.
-	stopping, stopAll := context.WithCancel(ctx)
-	defer stopAll()
-	var wg sync.WaitGroup
-	for range c.cfg.Concurrency {
-		wg.Go(func() {
-			for m := range jobs {
-				batch := gather(m, jobs, size)
-				if len(batch) == 1 {
-					c.handle(pctx, stopping, m)
-					continue
-				}
-				c.handleBatch(pctx, stopping, batch)
+	// The lane stops as soon as ctx ends (synchronously, so that a batch
+	// in progress starts no further message once the caller has stopped).
+	sched := lanes.New[struct{}](ctx, ctx, lanes.Config{
+		Scheduling: c.cfg.Scheduling,
+		Buffer:     size - 1, // a batch's worth waiting beside the one a worker takes
+		Width:      c.cfg.Concurrency,
+		Proc:       c.Proc,
+		Start: func(ms []*consumer.Message) {
+			for _, msg := range ms {
+				c.hb.add(msg.Raw.(jetstream.Msg))
 			}
-		})
-	}
+		},
+		Settle: c.settleMsg,
+		Drop: func(msg *consumer.Message, cause error) {
+			c.settleMsg(msg, consumer.Decision{Action: consumer.Stop, Err: cause})
+		},
+		Log:  c.Log,
+		Name: "justonce natsinbox",
+	})
+	defer sched.Cancel()
 	var (
 		mu       sync.Mutex
 		terminal error
 	)
 	cc, err := cons.Consume(func(m jetstream.Msg) {
-		select {
-		case <-draining:
+		if !sched.Reserve(ctx) {
 			_ = m.Nak() // pulled but not started: to another member now
 			return
-		default:
 		}
-		select {
-		case jobs <- m:
-		case <-draining:
-			_ = m.Nak()
-		}
+		sched.Enqueue(struct{}{}, c.jsMessage(m))
 	},
 		jetstream.PullMaxMessages(c.cfg.MaxBuffered),
 		jetstream.ConsumeErrHandler(func(_ jetstream.ConsumeContext, err error) {
@@ -186,12 +175,10 @@ func (c *Consumer) runConsume(ctx, pctx context.Context, startDrain func(), cons
 				terminal = err
 				mu.Unlock()
 			}
-			c.log.WarnContext(ctx, "justonce natsinbox: consume", "durable", c.cfg.Durable, "err", err)
+			c.Log.WarnContext(ctx, "justonce natsinbox: consume", "durable", c.cfg.Durable, "err", err)
 		}),
 	)
 	if err != nil {
-		close(jobs)
-		wg.Wait()
 		return fmt.Errorf("justonce/natsinbox: consume %q: %w", c.cfg.Durable, err)
 	}
 	if c.cfg.ready != nil {
@@ -204,13 +191,14 @@ func (c *Consumer) runConsume(ctx, pctx context.Context, startDrain func(), cons
 	case <-cc.Closed():
 		stopped = true
 	}
-	startDrain()
-	close(draining)
-	stopAll()
+	stopAt := time.Now()
+	sched.Stop()
 	cc.Drain()
 	<-cc.Closed()
-	close(jobs)
-	wg.Wait()
+	sched.Await(lanes.Wait{
+		Grace: max(c.cfg.ShutdownTimeout-time.Since(stopAt), time.Nanosecond),
+		What:  "in-flight handlers", Why: "shutdown",
+	})
 	if stopped && ctx.Err() == nil {
 		mu.Lock()
 		defer mu.Unlock()
@@ -222,53 +210,10 @@ func (c *Consumer) runConsume(ctx, pctx context.Context, startDrain func(), cons
 	return nil
 }
 
-// gather returns first with the messages already waiting in jobs, up to
-// n in all; it never waits for more.
-func gather(first jetstream.Msg, jobs <-chan jetstream.Msg, n int) []jetstream.Msg {
-	ms := []jetstream.Msg{first}
-	for len(ms) < n {
-		select {
-		case m, ok := <-jobs:
-			if !ok {
-				return ms
-			}
-			ms = append(ms, m)
-		default:
-			return ms
-		}
-	}
-	return ms
-}
-
-// handleBatch runs ms in order as runs of messages in shared transactions
-// (consumer.Processor.ProcessRun), settling each run's decisions and
-// retrying a failed message in place, with the heartbeat keeping it
-// InProgress, before the messages behind it run. stopping ends when the
-// consumer stops: what has not started is Nak'ed then.
-func (c *Consumer) handleBatch(pctx, stopping context.Context, ms []jetstream.Msg) {
-	msgs := make([]*consumer.Message, len(ms))
-	for i, m := range ms {
-		msgs[i] = c.jsMessage(m)
-	}
-	c.hb.add(ms...)
-	next := 0
-	defer func() {
-		// Not started (stopping): back to JetStream at once.
-		for i := next; i < len(ms); i++ {
-			c.hb.remove(ms[i])
-			c.settle(ms[i], msgs[i], consumer.Decision{Action: consumer.Stop, Err: context.Cause(stopping)})
-		}
-	}()
-	for next < len(ms) && stopping.Err() == nil {
-		ds := c.proc.ProcessRun(pctx, msgs[next:], consumer.RunLimits{MaxTime: c.cfg.BatchMaxTime, Stop: stopping.Done()})
-		for k, d := range ds {
-			i := next + k
-			if d.Action == consumer.Retry {
-				d = c.proc.Retry(pctx, msgs[i], d, waitUntil(stopping))
-			}
-			c.hb.remove(ms[i])
-			c.settle(ms[i], msgs[i], d)
-		}
-		next += len(ds)
-	}
+// settleMsg settles a JetStream message's decision: it leaves the
+// heartbeat, and is acked, Nak'ed or Term'ed.
+func (c *Consumer) settleMsg(msg *consumer.Message, d consumer.Decision) {
+	m := msg.Raw.(jetstream.Msg)
+	c.hb.remove(m)
+	c.settle(m, msg, d)
 }

@@ -81,7 +81,7 @@ func TestSlowHandlerInProgress(t *testing.T) {
 			// test's schema would look in flight.
 			cfg := Config{
 				Conn: e.nc, Stream: stream, Durable: "slow", Processor: fx.processor(subject),
-				AckWait: ackWait, Concurrency: 2,
+				AckWait: ackWait, Scheduling: consumer.Scheduling{Concurrency: 2},
 			}
 			if !heartbeat {
 				cfg.Heartbeat = -1
@@ -142,7 +142,7 @@ func TestScopeSharedWithKafka(t *testing.T) {
 		}, nil)
 	}
 	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "payments-nats",
-		Processor: fx.processor(scope), Concurrency: 2}, fx.insert)
+		Processor: fx.processor(scope), Scheduling: consumer.Scheduling{Concurrency: 2}}, fx.insert)
 	require.NoError(t, err)
 	run(t, c)
 	id := func(i int) string { return "pay-" + strconv.Itoa(i) }
@@ -272,7 +272,7 @@ func TestPoisonDeadLetteredAfterDeliveries(t *testing.T) {
 	stream := e.stream(t, subject, 0)
 	var delivered []uint64 // JetStream delivery count of each poison run, under fx.mu
 	c, err := New(Config{
-		Conn: e.nc, Stream: stream, Durable: "p", Processor: fx.processor("p"), Concurrency: 2,
+		Conn: e.nc, Stream: stream, Durable: "p", Processor: fx.processor("p"), Scheduling: consumer.Scheduling{Concurrency: 2},
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		switch m.ID {
 		case "poison":
@@ -408,7 +408,7 @@ func TestCoreQueueGroup(t *testing.T) {
 		ready.Add(1)
 		c, err := New(Config{
 			ready: ready.Done,
-			Conn:  nc, Subject: subject, Queue: "workers", Processor: fx.processor("core-" + subject), Concurrency: 2,
+			Conn:  nc, Subject: subject, Queue: "workers", Processor: fx.processor("core-" + subject), Scheduling: consumer.Scheduling{Concurrency: 2},
 		}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			if m.ID == "poison" {
 				return errors.New("boom")
@@ -585,7 +585,7 @@ func TestBatchConcurrentDoubleAck(t *testing.T) {
 	subject := testsvc.Unique("batch")
 	stream := e.stream(t, subject, 0)
 	c, err := New(Config{Conn: e.nc, Stream: stream, Durable: "b", Processor: fx.processor("b-" + subject),
-		BatchSize: 10, Concurrency: 2, DoubleAck: true, FetchWait: 200 * time.Millisecond}, fx.insert)
+		Scheduling: consumer.Scheduling{BatchSize: 10, Concurrency: 2}, DoubleAck: true, FetchWait: 200 * time.Millisecond}, fx.insert)
 	require.NoError(t, err)
 	for i := 0; i < 200; i++ {
 		e.publish(t, subject, "b-"+strconv.Itoa(i), nil)

@@ -375,7 +375,7 @@ func (c *Consumer) Replay(ctx context.Context, cfg ReplayConfig, opts consumer.R
 			cfg.FilterSubjects = c.cfg.FilterSubjects
 		}
 	}
-	return Replay(ctx, cfg, c.proc, opts)
+	return Replay(ctx, cfg, c.Proc, opts)
 }
 
 // boundFilter returns the subjects the bound durable filters on (nil: the

@@ -128,7 +128,7 @@ func TestNATSServerKilledFileStore(t *testing.T) {
 	entered := make(chan struct{}, 16)
 	release := make(chan struct{})
 	c, err := New(Config{Conn: nc, Stream: stream, Durable: "rs", Processor: fx.processor(subject),
-		Concurrency: 4, AckWait: 2 * time.Second}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		Scheduling: consumer.Scheduling{Concurrency: 4}, AckWait: 2 * time.Second}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if err := fx.insert(ctx, tx, m); err != nil {
 			return err
 		}
