@@ -37,11 +37,6 @@ type Hooks struct {
 	OnDeadLetter func(m *Message, cause error)
 }
 
-// Backoff is backoff.Backoff under the runtime's former name: an alias,
-// the same type, so that code written against consumer.Backoff compiles
-// unchanged. Config's fields are of type backoff.Backoff.
-type Backoff = backoff.Backoff
-
 // DefaultBackoffMax is the longest wait between a message's attempts when
 // Config.Backoff.Max is unset: 30 s, backoff.DefaultMax. (The HTTP and gRPC
 // clients wait at most 5 s, as a caller is waiting for them.)

@@ -13,7 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
-	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/outbox"
 )
@@ -52,7 +52,7 @@ func TestNATSRestartKeepsOrder(t *testing.T) {
 	fx := newFixture(t, 1)
 	var published, retries, failed atomic.Int64
 	fx.relay(t, outbox.RelayConfig{Publishers: publishers(nil, natsOn(t, js)), PublishTimeout: time.Second,
-		Backoff: consumer.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
+		Backoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond},
 		Hooks: outbox.RelayHooks{
 			OnPublished: func(_ outbox.Broker, _, n int) { published.Add(int64(n)) },
 			OnRetry:     func(*outbox.PublishError) { retries.Add(1) },

@@ -15,6 +15,7 @@ import (
 	"go.opentelemetry.io/otel/propagation"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
@@ -143,7 +144,7 @@ func TestDeterministicIDsAcrossRetries(t *testing.T) {
 		Ledger:      ledger,
 		Scope:       "orders",
 		MaxAttempts: 3,
-		Backoff:     consumer.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond},
+		Backoff:     backoff.Backoff{Initial: time.Millisecond, Max: 5 * time.Millisecond},
 	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		ids, err := fx.ob.Add(ctx, tx,
 			outbox.Message{Broker: outbox.Kafka, Topic: topic, Key: []byte("order-1"), Value: []byte("created")},

@@ -12,6 +12,7 @@ import (
 
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/outboxtest"
 	"github.com/justonce/justonce/outbox"
@@ -117,7 +118,7 @@ func TestRelayOverAPublisher(t *testing.T) {
 	var failed, retried []*outbox.PublishError
 	published := map[outbox.Broker]int{}
 	fx.relay(t, outbox.RelayConfig{Publishers: publishers(kafkaPub, natsPub), BatchSize: 4, PollInterval: 20 * time.Millisecond,
-		Backoff: consumer.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond},
+		Backoff: backoff.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond},
 		Hooks: outbox.RelayHooks{
 			OnFailed:    func(e *outbox.PublishError) { mu.Lock(); failed = append(failed, e); mu.Unlock() },
 			OnRetry:     func(e *outbox.PublishError) { mu.Lock(); retried = append(retried, e); mu.Unlock() },
@@ -189,7 +190,7 @@ func TestRelayPublisherAnswerCount(t *testing.T) {
 	bad := &countingPublisher{Publisher: good, short: func() bool { return calls.Add(1) <= 2 }}
 	var retries atomic.Int64
 	fx.relay(t, outbox.RelayConfig{Publishers: publishers(bad, nil), PollInterval: 20 * time.Millisecond,
-		Backoff: consumer.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond},
+		Backoff: backoff.Backoff{Initial: 10 * time.Millisecond, Max: 20 * time.Millisecond},
 		Hooks:   outbox.RelayHooks{OnRetry: func(*outbox.PublishError) { retries.Add(1) }}})
 	var ids []string
 	for i := range 3 {

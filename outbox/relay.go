@@ -15,6 +15,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
 )
@@ -54,8 +55,8 @@ type RelayConfig struct {
 	// broker's acks). Default DefaultPublishTimeout.
 	PublishTimeout time.Duration
 	// Backoff spaces the attempts at a lane whose broker failed for the
-	// time being. Defaults as consumer.Backoff's.
-	Backoff consumer.Backoff
+	// time being. Defaults as backoff.Backoff's.
+	Backoff backoff.Backoff
 	// Hooks are told what the relay did, for metrics. Any may be nil.
 	Hooks RelayHooks
 	// Logger; default the Outbox's.

@@ -15,6 +15,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
@@ -279,7 +280,7 @@ func TestTransientFailureKeepsOrder(t *testing.T) {
 	t.Cleanup(func() { _ = w.Close() })
 	var retries atomic.Int64
 	fx.relay(t, outbox.RelayConfig{Publishers: publishers(kafkaOn(t, w), nil), PublishTimeout: 2 * time.Second,
-		Backoff: consumer.Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond},
+		Backoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond},
 		Hooks:   outbox.RelayHooks{OnRetry: func(*outbox.PublishError) { retries.Add(1) }}})
 	for i := range 20 {
 		fx.add(t, outbox.Message{Broker: outbox.Kafka, Topic: topic, Key: []byte("k"), Value: []byte(strconv.Itoa(i))})

@@ -15,6 +15,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
@@ -78,7 +79,7 @@ func startNATSRun(t *testing.T, spare func(streamLeader, consumerLeader int) int
 
 	nc := r.connect()
 	cons, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: natsStream, Durable: natsDurable,
-		Processor: consumer.Config{Ledger: l, StoreBackoff: consumer.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}},
+		Processor: consumer.Config{Ledger: l, StoreBackoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 200 * time.Millisecond}}},
 		func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 			_, err := tx.Exec(ctx, `INSERT INTO effects (id) VALUES ($1)`, m.ID)
 			return err

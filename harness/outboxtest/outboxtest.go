@@ -34,6 +34,7 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/consumer/consumertest"
 	"github.com/justonce/justonce/harness/testsvc"
@@ -259,7 +260,7 @@ func BrokerAway(t *testing.T, tg Target) {
 	proxy.Refuse(true)
 	var retries, failed atomic.Int64
 	fx.relay(t, fx.publisher(t, tg.At(proxy.Addr())), outbox.RelayConfig{PublishTimeout: 2 * time.Second,
-		Backoff: consumer.Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond},
+		Backoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond},
 		Hooks: outbox.RelayHooks{
 			OnRetry:  func(*outbox.PublishError) { retries.Add(1) },
 			OnFailed: func(*outbox.PublishError) { failed.Add(1) },
@@ -295,7 +296,7 @@ func TwoHop(t *testing.T, tg Target) {
 	require.NoError(t, err)
 	pc := func(scope string) consumer.Config {
 		return consumer.Config{Ledger: ledger, Scope: scope, MaxAttempts: 5,
-			Backoff: consumer.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}}
+			Backoff: backoff.Backoff{Initial: 5 * time.Millisecond, Max: 50 * time.Millisecond}}
 	}
 	const n = 200
 	keyOf := func(i int) string { return "key-" + strconv.Itoa(i%10) }

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"github.com/twmb/franz-go/pkg/kgo"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
@@ -58,7 +59,7 @@ func TestRetryingMessageDoesNotStallOtherPartitions(t *testing.T) {
 	pc := fx.processor()
 	pc.MaxAttempts = maxAttempts
 	// Each wait 0.75-1.5 s: the poison's retry budget is 3.75-7.5 s.
-	pc.Backoff = consumer.Backoff{Initial: 1500 * time.Millisecond, Max: 1500 * time.Millisecond}
+	pc.Backoff = backoff.Backoff{Initial: 1500 * time.Millisecond, Max: 1500 * time.Millisecond}
 	// When a-0's effect committed: a batch that failed at COMMIT may have
 	// called its handler before, and rolled it back.
 	onOutcome := pc.Hooks.OnOutcome

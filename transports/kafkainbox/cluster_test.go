@@ -17,7 +17,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
-	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/outbox"
 	"github.com/justonce/justonce/transports/kafkainbox"
@@ -124,7 +124,7 @@ func publishOutbox(ctx context.Context, t *testing.T, brokers []string, topic st
 	relay, err := ob.Relay(outbox.RelayConfig{
 		Publishers:   map[outbox.Broker]outbox.Publisher{outbox.Kafka: pub},
 		PollInterval: 100 * time.Millisecond, PublishTimeout: 10 * time.Second,
-		Backoff: consumer.Backoff{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond},
+		Backoff: backoff.Backoff{Initial: 50 * time.Millisecond, Max: 500 * time.Millisecond},
 		Hooks: outbox.RelayHooks{
 			OnRetry:  func(*outbox.PublishError) { retries.Add(1) },
 			OnFailed: func(e *outbox.PublishError) { t.Errorf("outbox: failed for good: %v", e) },

@@ -13,6 +13,7 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/consumer/consumertest"
 	"github.com/justonce/justonce/harness/testsvc"
@@ -289,7 +290,7 @@ func (fx *fixture) processor() consumer.Config {
 	return consumer.Config{
 		Ledger:      fx.ledger,
 		MaxAttempts: 3,
-		Backoff:     consumer.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond},
+		Backoff:     backoff.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond},
 		Hooks: consumer.Hooks{
 			OnOutcome: func(_ *consumer.Message, out inbox.Outcome, _ time.Duration) {
 				switch out.Disposition {

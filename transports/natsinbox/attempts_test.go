@@ -12,6 +12,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
@@ -174,7 +175,7 @@ func TestAlwaysFailingRunsMaxAttempts(t *testing.T) {
 	pcfg := fx.processor(subject)
 	pcfg.MaxAttempts = 4
 	// Long enough that the consumer is stopped while it waits to retry.
-	pcfg.Backoff = consumer.Backoff{Initial: 2 * time.Second, Max: 2 * time.Second}
+	pcfg.Backoff = backoff.Backoff{Initial: 2 * time.Second, Max: 2 * time.Second}
 	var (
 		mu   sync.Mutex
 		seen []int // Message.Attempt of each handler run

@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go/jetstream"
 	"github.com/stretchr/testify/require"
 
+	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/consumer/consumertest"
 	"github.com/justonce/justonce/harness/testsvc"
@@ -141,8 +142,8 @@ func (fx *fixture) processor(scope string) consumer.Config {
 		Ledger:       fx.ledger,
 		Scope:        scope,
 		MaxAttempts:  3,
-		Backoff:      consumer.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond},
-		StoreBackoff: consumer.Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond},
+		Backoff:      backoff.Backoff{Initial: 5 * time.Millisecond, Max: 20 * time.Millisecond},
+		StoreBackoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 100 * time.Millisecond},
 		Hooks: consumer.Hooks{OnOutcome: func(m *consumer.Message, out inbox.Outcome, _ time.Duration) {
 			fx.mu.Lock()
 			defer fx.mu.Unlock()
