@@ -54,6 +54,7 @@ failover: services-up
 # not for the docs, for the small sizes or a subset). See scripts/bench.sh.
 bench: services-up
 	BENCH_COMMAND='make bench' bash scripts/bench.sh
+	$(GO) run ./harness/benchresults/cmd/benchresults include docs/performance.md
 
 demo: services-up
 	set -a && . ./.services.env && set +a && $(GO) run ./examples/payments
@@ -126,3 +127,4 @@ fresh-machine:
 .PHONY: bench-peers
 bench-peers: services-up
 	cd bench/peers && BENCH_COMMAND='make bench-peers' $(GO) run .
+	$(GO) run ./harness/benchresults/cmd/benchresults include docs/performance.md
