@@ -2,6 +2,7 @@ package fingerprint
 
 import (
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"testing"
@@ -29,24 +30,30 @@ func benchBodies() []struct{ name, ctype, body string } {
 	}
 }
 
-// BenchmarkFingerprint measures the fingerprint the HTTP bridge computes
-// for a request, and reports its size in bytes (what the ledger row's
-// fingerprint column holds).
+// BenchmarkFingerprint measures the fingerprints of a request: plain
+// (Request, what the HTTP bridge stored before detailed fingerprints) and
+// detailed (RequestDetailed, what it stores now), and reports their size
+// in bytes (what the ledger row's fingerprint column holds).
 func BenchmarkFingerprint(b *testing.B) {
 	for _, c := range benchBodies() {
-		b.Run(c.name, func(b *testing.B) {
-			r := httptest.NewRequest("POST", "/orders?page=1&sort=asc", strings.NewReader(c.body))
-			r.Header.Set("Content-Type", c.ctype)
-			r.Header.Set("X-Tenant", "acme")
-			body := []byte(c.body)
-			headers := []string{"X-Tenant"}
-			b.SetBytes(int64(len(body)))
-			b.ReportAllocs()
-			var fp []byte
-			for b.Loop() {
-				fp = Request(r, body, headers)
-			}
-			b.ReportMetric(float64(len(fp)), "fp-bytes")
-		})
+		for _, f := range []struct {
+			name string
+			fn   func(*http.Request, []byte, []string) []byte
+		}{{"plain", Request}, {"detailed", RequestDetailed}} {
+			b.Run(c.name+"/"+f.name, func(b *testing.B) {
+				r := httptest.NewRequest("POST", "/orders?page=1&sort=asc", strings.NewReader(c.body))
+				r.Header.Set("Content-Type", c.ctype)
+				r.Header.Set("X-Tenant", "acme")
+				body := []byte(c.body)
+				headers := []string{"X-Tenant"}
+				b.SetBytes(int64(len(body)))
+				b.ReportAllocs()
+				var fp []byte
+				for b.Loop() {
+					fp = f.fn(r, body, headers)
+				}
+				b.ReportMetric(float64(len(fp)), "fp-bytes")
+			})
+		}
 	}
 }
