@@ -193,3 +193,51 @@ func ExampleConfig_principal() {
 	// alice 201 {"order":1} replayed: true
 	// bob's row: bob
 }
+
+// An observe-mode route lets every request through as if the bridge were
+// absent, and says what enforcing would have done: here a request without
+// a key on a route that requires one, a new key, its duplicate, and the
+// key again with another body. All four ran.
+func ExampleRouteConfig_observe() {
+	pool, done := exampleDB()
+	defer done()
+	ledger, err := inbox.New(pool, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var observed []string
+	bridge, err := httpbridge.New(httpbridge.Config{
+		Ledger: ledger,
+		// metrics.NewBridgeCollector().Observer("http") counts these.
+		OnObserve: func(route, would string) { observed = append(observed, route+": "+would) },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	runs := 0
+	h := bridge.Route(httpbridge.RouteConfig{Scope: "orders", Required: true, Observe: true})(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs++
+			w.WriteHeader(http.StatusCreated)
+		}))
+	for _, c := range []struct{ key, body string }{{"", `{"n":1}`}, {"k-1", `{"n":1}`}, {"k-1", `{"n":1}`}, {"k-1", `{"n":2}`}} {
+		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(c.body))
+		req.Header.Set("Content-Type", "application/json")
+		if c.key != "" {
+			req.Header.Set("Idempotency-Key", c.key)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		fmt.Print(rec.Code, " ")
+	}
+	fmt.Println("- runs:", runs)
+	for _, o := range observed {
+		fmt.Println(o)
+	}
+	// Output:
+	// 201 201 201 201 - runs: 4
+	// orders: would_refuse_missing_key
+	// orders: would_run
+	// orders: would_replay
+	// orders: would_mismatch
+}
