@@ -191,13 +191,7 @@ func (h *handler) fingerprint(r *http.Request, body []byte) []byte {
 func (h *handler) serveTx(ctx context.Context, w http.ResponseWriter, r *http.Request, req inbox.Request, body []byte) {
 	var resp buffered
 	var pv *panicked
-	var count *inbox.NewKeyCount
-	run := func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
-		count.Undo(ctx) // an earlier run's: the ledger claims again after a conflict
-		var err error
-		if count, err = h.rt.spec.CountNewKey(ctx, h.s.Ledger, tx, req.Tenant); err != nil {
-			return inbox.Result{}, err
-		}
+	out, err := h.rt.spec.Do(ctx, h.s.Ledger, &req, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 		r2 := withBody(r.WithContext(bridgereq.WithTx(ctx, tx)), body)
 		resp, pv = h.run(r2)
 		switch {
@@ -209,18 +203,9 @@ func (h *handler) serveTx(ctx context.Context, w http.ResponseWriter, r *http.Re
 			return inbox.Result{}, errNotStored
 		}
 		return h.s.result(req.Key, resp)
-	}
-	out, err := h.s.Ledger.Do(ctx, req, run)
-	if err == nil && bridgereq.PlainRetry(out, &req) {
-		out, err = h.s.Ledger.Do(ctx, req, run)
-	}
-	if err != nil || out.Disposition != inbox.Executed {
-		count.Undo(ctx)
-	}
+	})
 	var kre *inbox.KeyRateError
-	if err != nil && !errors.As(err, &kre) {
-		kre, _ = count.Refused(err)
-	}
+	errors.As(err, &kre)
 	switch {
 	case pv != nil:
 		h.repanic(req, pv)

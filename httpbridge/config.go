@@ -109,29 +109,20 @@ type Config struct {
 
 	// OnObserve, when set, is told what an observe-mode route
 	// (RouteConfig.Observe) would have done with each request it let
-	// through: the route's scope and one of the Would values. The
+	// through: the route's scope and one of
+	//
+	//	would_run                 a new key: the handler would have run, as it did
+	//	would_replay              a known key (completed, failed for good, or run by a
+	//	                          consumer or over gRPC): answered from the ledger
+	//	would_refuse_missing_key  no key on a route with Required: 400
+	//	would_refuse_invalid_key  a key the route refuses: 400
+	//	would_conflict            a key in flight: 409
+	//	would_mismatch            a known key with another request: 422
+	//
+	// Requests without a key on an optional route are not observed. The
 	// collector of package metrics gives one (BridgeCollector.Observer).
 	OnObserve func(route, would string)
 }
-
-// What an observe-mode route would have done with a request it let
-// through: the values OnObserve receives and the log says.
-const (
-	// WouldRun: a new key; the handler would have run, as it did.
-	WouldRun = bridgereq.WouldRun
-	// WouldReplay: a known key (completed, failed for good, or run by a
-	// consumer or over gRPC): the bridge would have answered from the
-	// ledger without running the handler.
-	WouldReplay = bridgereq.WouldReplay
-	// WouldRefuseMissingKey: no key on a route with Required: 400.
-	WouldRefuseMissingKey = bridgereq.WouldRefuseMissingKey
-	// WouldRefuseInvalidKey: a key the route refuses: 400.
-	WouldRefuseInvalidKey = bridgereq.WouldRefuseInvalidKey
-	// WouldConflict: a key in flight: 409.
-	WouldConflict = bridgereq.WouldConflict
-	// WouldMismatch: a known key with another request: 422.
-	WouldMismatch = bridgereq.WouldMismatch
-)
 
 // Encryption encrypts stored response bodies at rest with AES-GCM. Keys
 // rotate by ID: new bodies use Current, older rows are read with the key
@@ -263,9 +254,9 @@ type RouteConfig struct {
 	// transaction from the bridge: Tx returns nil, and nothing is
 	// buffered), while the ledger records each keyed request's key and
 	// fingerprint, under the scope Scope + "~observe", so that
-	// Config.OnObserve and the log say what enforcing would have done
-	// (the Would values): a missing or invalid key at WARN, a replay, a
-	// conflict or a mismatch at INFO. Those keys never meet an enforcing
+	// Config.OnObserve and the log say what enforcing would have done: a
+	// missing or invalid key at WARN, a replay, a conflict or a mismatch
+	// at INFO. Those keys never meet an enforcing
 	// route's: switching the route to enforce starts from no keys.
 	// KeyRate and MaxLiveKeys do not apply. Default false.
 	Observe bool

@@ -1,13 +1,11 @@
 package httpbridge_test
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"log/slog"
 	"net/http"
 	"net/http/httptest"
 	"regexp"
@@ -28,34 +26,6 @@ import (
 	"github.com/justonce/justonce/internal/fingerprint"
 	"github.com/justonce/justonce/metrics"
 )
-
-// logs captures a ledger's log as JSON lines.
-type logs struct{ buf testsvc.LogBuffer }
-
-func (l *logs) logger() *slog.Logger {
-	return slog.New(slog.NewJSONHandler(&l.buf, &slog.HandlerOptions{Level: slog.LevelDebug}))
-}
-
-// find returns the lines whose message contains msg.
-func (l *logs) find(msg string) []map[string]any {
-	var out []map[string]any
-	sc := bufio.NewScanner(strings.NewReader(l.buf.String()))
-	for sc.Scan() {
-		var m map[string]any
-		if json.Unmarshal(sc.Bytes(), &m) == nil && strings.Contains(fmt.Sprint(m["msg"]), msg) {
-			out = append(out, m)
-		}
-	}
-	return out
-}
-
-// one returns the one line whose message contains msg.
-func (l *logs) one(t testing.TB, msg string) map[string]any {
-	t.Helper()
-	lines := l.find(msg)
-	require.Len(t, lines, 1, "log lines %q in:\n%s", msg, l.buf.String())
-	return lines[0]
-}
 
 // from sends a request from a client address and user agent.
 func from(h http.Handler, key, body string, hdr ...string) response {
@@ -211,8 +181,8 @@ func (f roundTripFunc) RoundTrip(r *http.Request) (*http.Response, error) { retu
 // log.
 func TestKeyReusedNamesDifferences(t *testing.T) {
 	t.Parallel()
-	var l logs
-	b := setup(t, setupOpts{logger: l.logger()})
+	var l testsvc.JSONLog
+	b := setup(t, setupOpts{logger: l.Logger()})
 	h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders", FingerprintHeaders: []string{"Api-Version"}})(&app{})
 	require.Equal(t, http.StatusCreated, from(h, "d-1", `{"amount":"10.00","to":{"iban":"FR76-1111"}}`, "Api-Version", "1").Code)
 	got := from(h, "d-1", `{"amount":"99.00","to":{"iban":"FR76-2222"}}`, "Api-Version", "2")
@@ -224,14 +194,14 @@ func TestKeyReusedNamesDifferences(t *testing.T) {
 	require.NoError(t, json.Unmarshal(got.Body, &p))
 	require.Equal(t, []string{"body:/amount", "body:/to/iban", "header:Api-Version"}, p.Differences)
 	require.Contains(t, p.Detail, "body:/amount, body:/to/iban, header:Api-Version")
-	line := l.one(t, "key reused with another request")
+	line := l.One(t, "key reused with another request")
 	require.Equal(t, "INFO", line["level"])
 	require.Equal(t, []any{"body:/amount", "body:/to/iban", "header:Api-Version"}, line["differences"])
 	require.Equal(t, "203.0.113.7:5555", line["client"])
 	require.Equal(t, "checkout/1.2", line["user_agent"])
 	for _, v := range []string{"99.00", "FR76", "10.00"} {
 		require.NotContains(t, string(got.Body), v)
-		require.NotContains(t, l.buf.String(), v)
+		require.NotContains(t, l.String(), v)
 	}
 }
 
@@ -293,8 +263,8 @@ func TestFingerprintRowBytes(t *testing.T) {
 // may take keys of at most 128 bytes.
 func TestKeyValidatorAndMaxKeyLen(t *testing.T) {
 	t.Parallel()
-	var l logs
-	b := setup(t, setupOpts{logger: l.logger(), cfg: httpbridge.Config{MaxKeyLen: 200}})
+	var l testsvc.JSONLog
+	b := setup(t, setupOpts{logger: l.Logger(), cfg: httpbridge.Config{MaxKeyLen: 200}})
 	format := regexp.MustCompile(`^[a-z0-9_]+:[a-z.]+:[a-z0-9_]+:\d{13}$`)
 	rc := httpbridge.RouteConfig{Scope: "bookings", MaxKeyLen: 128, KeyValidator: func(key string) error {
 		if !format.MatchString(key) {
@@ -307,12 +277,12 @@ func TestKeyValidatorAndMaxKeyLen(t *testing.T) {
 	got := from(h, "usr_abc123-booking-create", `{}`)
 	p := requireProblem(t, got, http.StatusBadRequest, httpbridge.ProblemInvalidKey)
 	require.Equal(t, "the key must be {user}:{operation}:{resource}:{timestamp in ms}", p.Detail)
-	line := l.one(t, "invalid key")
+	line := l.One(t, "invalid key")
 	require.Equal(t, "WARN", line["level"])
 	require.Equal(t, "usr_****eate", line["key"])
 	require.Equal(t, "203.0.113.7:5555", line["client"])
 	require.Equal(t, "checkout/1.2", line["user_agent"])
-	require.NotContains(t, l.buf.String(), "usr_abc123-booking")
+	require.NotContains(t, l.String(), "usr_abc123-booking")
 
 	long := "u:booking.create:" + strings.Repeat("r", 98) + ":1704067200000" // 129 bytes
 	require.Len(t, long, 129)
@@ -333,11 +303,11 @@ func TestKeyValidatorAndMaxKeyLen(t *testing.T) {
 // and the key masked.
 func TestLogLevels(t *testing.T) {
 	t.Parallel()
-	var l logs
-	b := setup(t, setupOpts{logger: l.logger()})
+	var l testsvc.JSONLog
+	b := setup(t, setupOpts{logger: l.Logger()})
 	h := b.bridge.Route(httpbridge.RouteConfig{Scope: "orders", Required: true})(&app{})
 	requireProblem(t, from(h, "", `{}`), http.StatusBadRequest, httpbridge.ProblemMissingKey)
-	line := l.one(t, "missing key")
+	line := l.One(t, "missing key")
 	require.Equal(t, "WARN", line["level"])
 	require.Equal(t, "203.0.113.7:5555", line["client"])
 	require.Equal(t, "checkout/1.2", line["user_agent"])
@@ -345,12 +315,12 @@ func TestLogLevels(t *testing.T) {
 	const key = "550e8400-e29b-41d4-a716-446655440000"
 	require.Equal(t, http.StatusCreated, from(h, key, `{}`).Code)
 	require.True(t, from(h, key, `{}`).replayed())
-	line = l.one(t, "justonce/httpbridge: replay")
+	line = l.One(t, "justonce/httpbridge: replay")
 	require.Equal(t, "INFO", line["level"])
 	require.Equal(t, "orders//550e****0000", line["key"])
 	require.Equal(t, "203.0.113.7:5555", line["client"])
 	require.Equal(t, "checkout/1.2", line["user_agent"])
-	require.NotContains(t, l.buf.String(), key)
+	require.NotContains(t, l.String(), key)
 }
 
 // TestKeyRateLimit: 20 new keys of one tenant at once against a limit of 5
@@ -362,8 +332,8 @@ func TestLogLevels(t *testing.T) {
 func TestKeyRateLimit(t *testing.T) {
 	t.Parallel()
 	stores(t, func(t *testing.T, redisOn bool) {
-		var l logs
-		b := setup(t, setupOpts{redis: redisOn, logger: l.logger(), pg: []testsvc.PGOption{testsvc.MaxConns(24)}})
+		var l testsvc.JSONLog
+		b := setup(t, setupOpts{redis: redisOn, logger: l.Logger(), pg: []testsvc.PGOption{testsvc.MaxConns(24)}})
 		const n, limit = 20, 5
 		var entered, refused atomic.Int64
 		a := &app{}
@@ -418,7 +388,7 @@ func TestKeyRateLimit(t *testing.T) {
 		}
 		requireProblem(t, post(h, "rate-late", `{}`, "X-Tenant", "acme"), http.StatusTooManyRequests, httpbridge.ProblemKeyRateExceeded)
 		require.Equal(t, http.StatusCreated, post(h, "rate-other", `{}`, "X-Tenant", "globex").Code)
-		require.NotEmpty(t, l.find("new-key rate limit reached"))
+		require.NotEmpty(t, l.Find("new-key rate limit reached"))
 	})
 }
 
@@ -430,9 +400,9 @@ func TestKeyRateLimit(t *testing.T) {
 // route's.
 func TestObserveMode(t *testing.T) {
 	t.Parallel()
-	var l logs
+	var l testsvc.JSONLog
 	bc := metrics.NewBridgeCollector()
-	b := setup(t, setupOpts{logger: l.logger(), cfg: httpbridge.Config{OnObserve: bc.Observer("http")}})
+	b := setup(t, setupOpts{logger: l.Logger(), cfg: httpbridge.Config{OnObserve: bc.Observer("http")}})
 	var runs atomic.Int64
 	release := make(chan struct{})
 	done := closer(t, release)
@@ -456,46 +426,46 @@ func TestObserveMode(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(bc)
 	count := func(would string) float64 {
-		return observedCount(t, reg, "http", "orders", would)
+		return testsvc.CounterValue(t, reg, "justonce_bridge_observed_total", map[string]string{"front": "http", "route": "orders", "would": would})
 	}
 
 	// Would refuse: no key, then a malformed one; both run.
 	got := from(h, "", `{"a":1}`)
 	require.Equal(t, http.StatusCreated, got.Code)
 	require.Equal(t, `ran 1: {"a":1}`, string(got.Body), "the handler reads the body")
-	require.Equal(t, 1.0, count(httpbridge.WouldRefuseMissingKey))
-	line := l.one(t, "observe mode: missing key")
+	require.Equal(t, 1.0, count("would_refuse_missing_key"))
+	line := l.One(t, "observe mode: missing key")
 	require.Equal(t, "WARN", line["level"])
 	require.Equal(t, "would_refuse_missing_key", line["would"])
 	require.Equal(t, "203.0.113.7:5555", line["client"])
 	require.Equal(t, "checkout/1.2", line["user_agent"])
 	require.Equal(t, http.StatusCreated, from(h, "a,b", `{}`).Code)
-	require.Equal(t, 1.0, count(httpbridge.WouldRefuseInvalidKey))
-	require.Equal(t, "WARN", l.one(t, "observe mode: invalid key")["level"])
+	require.Equal(t, 1.0, count("would_refuse_invalid_key"))
+	require.Equal(t, "WARN", l.One(t, "observe mode: invalid key")["level"])
 
 	// A key, then its duplicate, then a mismatch: all run, none replayed.
 	first := from(h, "obs-1", `{"a":1}`)
 	require.Equal(t, http.StatusCreated, first.Code)
-	require.Equal(t, 1.0, count(httpbridge.WouldRun))
+	require.Equal(t, 1.0, count("would_run"))
 	dup := from(h, "obs-1", `{"a":1}`)
 	require.Equal(t, http.StatusCreated, dup.Code)
 	require.Equal(t, `ran 4: {"a":1}`, string(dup.Body), "the handler ran again")
 	require.False(t, dup.replayed())
 	require.Empty(t, dup.Header.Get("Idempotency-Key-Expires"), "no header of the bridge's")
-	require.Equal(t, 1.0, count(httpbridge.WouldReplay))
-	line = l.one(t, "observe mode: duplicate")
+	require.Equal(t, 1.0, count("would_replay"))
+	line = l.One(t, "observe mode: duplicate")
 	require.Equal(t, "INFO", line["level"])
 	require.Equal(t, "orders~observe//*****", line["key"])
 	require.Equal(t, http.StatusCreated, from(h, "obs-1", `{"a":2}`).Code)
-	require.Equal(t, 1.0, count(httpbridge.WouldMismatch))
-	require.Equal(t, []any{"body:/a"}, l.one(t, "observe mode: key reused")["differences"])
+	require.Equal(t, 1.0, count("would_mismatch"))
+	require.Equal(t, []any{"body:/a"}, l.One(t, "observe mode: key reused")["differences"])
 
 	// A key in flight: the duplicate runs beside it.
 	errc := make(chan response, 1)
 	go func() { errc <- from(h, "obs-2", `{}`, "X-Block", "1") }()
 	await(t, started, "the first request runs", errc)
 	require.Equal(t, http.StatusCreated, from(h, "obs-2", `{}`).Code)
-	require.Equal(t, 1.0, count(httpbridge.WouldConflict))
+	require.Equal(t, 1.0, count("would_conflict"))
 	done()
 	require.Equal(t, http.StatusCreated, (<-errc).Code)
 	require.False(t, sawTx.Load(), "no transaction of the bridge's")
@@ -508,27 +478,4 @@ func TestObserveMode(t *testing.T) {
 	require.Equal(t, http.StatusCreated, from(enforce, "obs-1", `{"a":1}`).Code)
 	require.True(t, from(enforce, "obs-1", `{"a":1}`).replayed())
 	requireProblem(t, from(enforce, "", `{}`), http.StatusBadRequest, httpbridge.ProblemMissingKey)
-}
-
-// observedCount reads justonce_bridge_observed_total for one front,
-// route and would value from reg.
-func observedCount(t testing.TB, reg *prometheus.Registry, front, route, would string) float64 {
-	t.Helper()
-	mfs, err := reg.Gather()
-	require.NoError(t, err)
-	for _, mf := range mfs {
-		if mf.GetName() != "justonce_bridge_observed_total" {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			labels := map[string]string{}
-			for _, lp := range m.GetLabel() {
-				labels[lp.GetName()] = lp.GetValue()
-			}
-			if labels["front"] == front && labels["route"] == route && labels["would"] == would {
-				return m.GetCounter().GetValue()
-			}
-		}
-	}
-	return 0
 }

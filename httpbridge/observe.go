@@ -16,12 +16,12 @@ import (
 
 // observeMessages are the log messages of observe mode, by Would value.
 var observeMessages = map[string]string{
-	WouldRun:              "justonce/httpbridge: observe mode: new key, would run",
-	WouldReplay:           "justonce/httpbridge: observe mode: duplicate, would replay the stored response",
-	WouldRefuseMissingKey: "justonce/httpbridge: observe mode: missing key, would refuse (400)",
-	WouldRefuseInvalidKey: "justonce/httpbridge: observe mode: invalid key, would refuse (400)",
-	WouldConflict:         "justonce/httpbridge: observe mode: key in flight, would answer 409",
-	WouldMismatch:         "justonce/httpbridge: observe mode: key reused with another request, would answer 422",
+	bridgereq.WouldRun:              "justonce/httpbridge: observe mode: new key, would run",
+	bridgereq.WouldReplay:           "justonce/httpbridge: observe mode: duplicate, would replay the stored response",
+	bridgereq.WouldRefuseMissingKey: "justonce/httpbridge: observe mode: missing key, would refuse (400)",
+	bridgereq.WouldRefuseInvalidKey: "justonce/httpbridge: observe mode: invalid key, would refuse (400)",
+	bridgereq.WouldConflict:         "justonce/httpbridge: observe mode: key in flight, would answer 409",
+	bridgereq.WouldMismatch:         "justonce/httpbridge: observe mode: key reused with another request, would answer 422",
 }
 
 // observe serves a request of an observe-mode route: the handler gets it
@@ -34,12 +34,12 @@ func (h *handler) observe(w http.ResponseWriter, r *http.Request) {
 	key, present, err := h.key(r)
 	switch {
 	case err != nil:
-		h.observed(r, WouldRefuseInvalidKey, slog.LevelWarn, "reason", err.Error(), "key", inbox.Mask(h.rawKey(r)))
+		h.observed(r, bridgereq.WouldRefuseInvalidKey, slog.LevelWarn, "reason", err.Error(), "key", inbox.Mask(h.rawKey(r)))
 		h.next.ServeHTTP(w, r)
 		return
 	case !present:
 		if h.rt.Required {
-			h.observed(r, WouldRefuseMissingKey, slog.LevelWarn)
+			h.observed(r, bridgereq.WouldRefuseMissingKey, slog.LevelWarn)
 		}
 		h.next.ServeHTTP(w, r)
 		return
@@ -55,7 +55,7 @@ func (h *handler) observe(w http.ResponseWriter, r *http.Request) {
 	if err != nil {
 		var ke *bridgereq.KeyError
 		if errors.As(err, &ke) {
-			h.observed(r, WouldRefuseInvalidKey, slog.LevelWarn, "reason", ke.Error(), "key", inbox.Mask(key))
+			h.observed(r, bridgereq.WouldRefuseInvalidKey, slog.LevelWarn, "reason", ke.Error(), "key", inbox.Mask(key))
 		} else {
 			s.log.ErrorContext(r.Context(), "justonce/httpbridge: observe mode: request key rejected by the ledger", "key", req.Key.String(), "err", err)
 		}
@@ -79,14 +79,14 @@ func (h *handler) observe(w http.ResponseWriter, r *http.Request) {
 	case lease == nil:
 		would := bridgereq.Would(out, Source)
 		attrs := []any{"key", req.Key.String()}
-		if would == WouldMismatch {
+		if would == bridgereq.WouldMismatch {
 			attrs = append(attrs, "differences", bridgereq.Differences(out, req.Fingerprint))
 		}
 		h.observed(r, would, slog.LevelInfo, attrs...)
 		h.next.ServeHTTP(w, r)
 		return
 	}
-	h.observed(r, WouldRun, slog.LevelDebug, "key", req.Key.String())
+	h.observed(r, bridgereq.WouldRun, slog.LevelDebug, "key", req.Key.String())
 	sw := &statusWriter{ResponseWriter: w}
 	done := false
 	defer func() {

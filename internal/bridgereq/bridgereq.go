@@ -157,6 +157,36 @@ func (s *Spec) CountNewKey(ctx context.Context, l *inbox.Ledger, tx pgx.Tx, tena
 	return l.CountNewKey(ctx, tx, *s.KeyRate, s.Scope, tenant)
 }
 
+// Do runs fn for *req through l.Do, as both bridges do: the key, once
+// claimed as new, is counted against the spec's KeyRate before fn runs (a
+// key over the limit ends the call: fn does not run); a Mismatch against a
+// plain fingerprint stored before detailed ones (PlainRetry) is asked
+// again with the plain form, which is left in req; a count whose key did
+// not commit is taken back. A key the count refuses, before fn or at
+// commit, is a *inbox.KeyRateError; other errors are Do's.
+func (s *Spec) Do(ctx context.Context, l *inbox.Ledger, req *inbox.Request, fn inbox.TxFunc) (inbox.Outcome, error) {
+	var count *inbox.NewKeyCount
+	run := func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+		count.Undo(ctx) // an earlier run's: the ledger claims again after a conflict
+		var err error
+		if count, err = s.CountNewKey(ctx, l, tx, req.Tenant); err != nil {
+			return inbox.Result{}, err
+		}
+		return fn(ctx, tx)
+	}
+	out, err := l.Do(ctx, *req, run)
+	if err == nil && PlainRetry(out, req) {
+		out, err = l.Do(ctx, *req, run)
+	}
+	if err != nil || out.Disposition != inbox.Executed {
+		count.Undo(ctx)
+	}
+	if kre, ok := count.Refused(err); ok {
+		return out, kre
+	}
+	return out, err
+}
+
 // IsUUID reports whether s is 8-4-4-4-12 hex digits, of either case; v4
 // also requires version 4 and the RFC 9562 variant.
 func IsUUID(s string, v4 bool) bool {
