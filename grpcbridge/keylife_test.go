@@ -20,6 +20,7 @@ import (
 
 	"github.com/justonce/justonce/grpcbridge"
 	"github.com/justonce/justonce/harness/grpctest/testpb"
+	"github.com/justonce/justonce/harness/promtest"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/metrics"
@@ -360,7 +361,7 @@ func TestObserveMode(t *testing.T) {
 	e := setup(t, envOpts{ledger: inbox.Config{Logger: l.Logger()}, cfg: grpcbridge.Config{OnObserve: bc.Observer("grpc"),
 		Methods: map[string]grpcbridge.MethodConfig{createOrder: {Scope: "orders", Required: true, Observe: true}}}})
 	count := func(would string) float64 {
-		return testsvc.CounterValue(t, reg, "justonce_bridge_observed_total", map[string]string{"front": "grpc", "route": createOrder, "would": would})
+		return promtest.CounterValue(t, reg, "justonce_bridge_observed_total", map[string]string{"front": "grpc", "route": createOrder, "would": would})
 	}
 	ctx := ctxT(t)
 	req := &testpb.CreateOrderRequest{Item: "book", Quantity: 1}

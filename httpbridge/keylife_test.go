@@ -19,6 +19,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/backoff"
+	"github.com/justonce/justonce/harness/promtest"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/httpbridge"
 	"github.com/justonce/justonce/httpretry"
@@ -426,7 +427,7 @@ func TestObserveMode(t *testing.T) {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(bc)
 	count := func(would string) float64 {
-		return testsvc.CounterValue(t, reg, "justonce_bridge_observed_total", map[string]string{"front": "http", "route": "orders", "would": would})
+		return promtest.CounterValue(t, reg, "justonce_bridge_observed_total", map[string]string{"front": "http", "route": "orders", "would": would})
 	}
 
 	// Would refuse: no key, then a malformed one; both run.

@@ -7,8 +7,6 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
 )
 
 // JSONLog captures what a logger writes, as JSON lines, for a test that
@@ -46,32 +44,4 @@ func (l *JSONLog) One(t testing.TB, msg string) map[string]any {
 		t.Fatalf("testsvc: %d log lines %q in:\n%s", len(lines), msg, l.buf.String())
 	}
 	return lines[0]
-}
-
-// CounterValue returns the value of the counter name with exactly the
-// labels given that g gathers, and 0 when there is none.
-func CounterValue(t testing.TB, g prometheus.Gatherer, name string, labels map[string]string) float64 {
-	t.Helper()
-	mfs, err := g.Gather()
-	if err != nil {
-		t.Fatalf("testsvc: gather: %v", err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-	metrics:
-		for _, m := range mf.GetMetric() {
-			if len(m.GetLabel()) != len(labels) {
-				continue
-			}
-			for _, lp := range m.GetLabel() {
-				if labels[lp.GetName()] != lp.GetValue() {
-					continue metrics
-				}
-			}
-			return m.GetCounter().GetValue()
-		}
-	}
-	return 0
 }
