@@ -2,7 +2,6 @@ package grpcretry_test
 
 import (
 	"context"
-	"fmt"
 	"net"
 	"sync/atomic"
 	"testing"
@@ -215,5 +214,5 @@ func TestStopsAtKeyExpiryAgainstTheBridge(t *testing.T) {
 	}())
 	_, err = plain.CreateOrder(ctx, &testpb.CreateOrderRequest{Item: "book"})
 	require.NoError(t, err)
-	require.EqualValues(t, 1, svc.runs.Load(), fmt.Sprint("ran anew after the expiry"))
+	require.EqualValues(t, 1, svc.runs.Load(), "ran anew after the expiry")
 }
