@@ -77,6 +77,7 @@ type doc struct {
 	// document is described down to depth d (0: the whole document).
 	count, size [maxDocDepth + 1]int
 	deepest     int
+	limit       int // the deepest level that can be described
 }
 
 // Members collects the named parts of a request for a detailed
@@ -121,24 +122,34 @@ func (m *Members) AddGroup(whole, prefix string, vals url.Values) {
 // it): its members by JSON pointer, prefix + pointer, down to the depth the
 // size limits allow, or the one member whole.
 func (m *Members) AddJSON(whole, prefix string, canon []byte) {
-	d := &doc{whole: whole, prefix: prefix, canon: canon}
+	d := &doc{whole: whole, prefix: prefix, canon: canon, limit: maxDocDepth}
 	// A leaf is a member at every depth from its own on; a container
-	// (a non-empty object or array) only at its own depth.
+	// (a non-empty object or array) only at its own depth. A level with
+	// more nodes than MaxMembers can never be described member by member,
+	// nor can any deeper one (describing a level deeper only adds
+	// members): the walk goes no deeper than the level above it.
 	var leafCount, leafSize [maxDocDepth + 1]int
+	var nodes [maxDocDepth + 1]int
 	var ptr []byte
-	walkJSON(canon, 0, 0, &ptr, func(depth int, ptr []byte, start, end int) bool {
+	walkJSON(canon, 0, 0, &ptr, &d.limit, func(depth int, ptr []byte, start, end int) bool {
+		if nodes[depth]++; nodes[depth] > MaxMembers && depth-1 < d.limit {
+			d.limit = depth - 1
+		}
 		n := len(prefix) + len(ptr)
 		if depth == 0 {
 			n = len(whole)
 		}
-		if end < 0 && depth < maxDocDepth {
+		if end < 0 {
 			d.count[depth]++
 			d.size[depth] += entrySize(n)
-			d.deepest = max(d.deepest, depth+1)
-			return true
+			if depth < d.limit {
+				d.deepest = max(d.deepest, depth+1)
+				return true
+			}
+		} else {
+			leafCount[depth]++
+			leafSize[depth] += entrySize(n)
 		}
-		leafCount[depth]++
-		leafSize[depth] += entrySize(n)
 		d.deepest = max(d.deepest, depth)
 		return false
 	})
@@ -185,7 +196,7 @@ func Detailed(plain []byte, m *Members) []byte {
 func (m *Members) choose() ([]entry, bool) {
 	depth := 0
 	if m.doc != nil {
-		depth = min(m.doc.deepest, maxDocDepth)
+		depth = min(m.doc.deepest, m.doc.limit)
 	}
 	collapsed := make([]bool, len(m.groups))
 	for {
@@ -235,7 +246,8 @@ func (m *Members) choose() ([]entry, bool) {
 	}
 	if d := m.doc; d != nil {
 		var ptr []byte
-		walkJSON(d.canon, 0, 0, &ptr, func(k int, ptr []byte, start, end int) bool {
+		limit := depth
+		walkJSON(d.canon, 0, 0, &ptr, &limit, func(k int, ptr []byte, start, end int) bool {
 			if end < 0 && k < depth {
 				return true
 			}
@@ -396,8 +408,9 @@ func entrySize(n int) int {
 // pointer is *ptr, and returns where it ends. visit is called for every
 // value: with end < 0 for a non-empty object or array, which is walked into
 // when visit returns true (and skipped otherwise), and with its end for
-// anything else (scalars, {}, []).
-func walkJSON(c []byte, i, depth int, ptr *[]byte, visit func(depth int, ptr []byte, start, end int) bool) int {
+// anything else (scalars, {}, []). The rest of an object or array is
+// skipped once *limit is under its members' depth.
+func walkJSON(c []byte, i, depth int, ptr *[]byte, limit *int, visit func(depth int, ptr []byte, start, end int) bool) int {
 	if c[i] != '{' && c[i] != '[' || c[i+1] == '}' || c[i+1] == ']' {
 		end := skipValue(c, i)
 		visit(depth, *ptr, i, end)
@@ -410,6 +423,10 @@ func walkJSON(c []byte, i, depth int, ptr *[]byte, visit func(depth int, ptr []b
 	obj := c[i] == '{'
 	j := i + 1
 	for n := 0; ; n++ {
+		if depth+1 > *limit {
+			*ptr = (*ptr)[:mark]
+			return skipValue(c, i)
+		}
 		*ptr = append((*ptr)[:mark], '/')
 		if obj {
 			keyEnd := skipValue(c, j)
@@ -418,7 +435,7 @@ func walkJSON(c []byte, i, depth int, ptr *[]byte, visit func(depth int, ptr []b
 		} else {
 			*ptr = strconv.AppendInt(*ptr, int64(n), 10)
 		}
-		j = walkJSON(c, j, depth+1, ptr, visit)
+		j = walkJSON(c, j, depth+1, ptr, limit, visit)
 		if c[j] != ',' {
 			*ptr = (*ptr)[:mark]
 			return j + 1 // '}' or ']'

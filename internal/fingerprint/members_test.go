@@ -188,6 +188,19 @@ func TestDetailedBounds(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, []string{"body"}, got)
 
+	// A wide array under an object: described down to the array.
+	wide := func(note string) []byte {
+		var items []string
+		for i := 0; i < 2000; i++ {
+			items = append(items, fmt.Sprintf(`{"i":%d}`, i))
+		}
+		return detailed("POST", "/", "application/json", `{"note":"`+note+`","items":[`+strings.Join(items, ",")+`]}`)
+	}
+	require.Equal(t, []string{"body:/items", "body:/note"}, names(check(wide("a")))[:2])
+	got, err = Differences(wide("a"), wide("b"))
+	require.NoError(t, err)
+	require.Equal(t, []string{"body:/note"}, got)
+
 	// Many query parameters collapse into "query".
 	var q []string
 	for i := 0; i < 40; i++ {
