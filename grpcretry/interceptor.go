@@ -76,6 +76,7 @@ type OutcomeUnknownError struct {
 	Err error
 }
 
+// Error names the key, its expiry and the last attempt's answer.
 func (e *OutcomeUnknownError) Error() string {
 	at := "its first_sent expired"
 	if !e.Expires.IsZero() {

@@ -149,6 +149,7 @@ func (h *handler) peekBody(r *http.Request) ([]byte, *http.Request, bool) {
 
 type errReader struct{ err error }
 
+// Read returns the error the body's read met.
 func (e *errReader) Read([]byte) (int, error) { return 0, e.err }
 
 // statusWriter passes everything through to the client's writer and notes
@@ -159,6 +160,7 @@ type statusWriter struct {
 	code int
 }
 
+// WriteHeader notes the first final status and passes it on.
 func (w *statusWriter) WriteHeader(code int) {
 	if w.code == 0 && code >= 200 {
 		w.code = code
@@ -166,6 +168,7 @@ func (w *statusWriter) WriteHeader(code int) {
 	w.ResponseWriter.WriteHeader(code)
 }
 
+// Write passes p on; a write before WriteHeader means 200.
 func (w *statusWriter) Write(p []byte) (int, error) {
 	if w.code == 0 {
 		w.code = http.StatusOK

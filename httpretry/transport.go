@@ -110,6 +110,7 @@ type OutcomeUnknownError struct {
 	Err error
 }
 
+// Error names the key, its expiry and the last attempt's answer.
 func (e *OutcomeUnknownError) Error() string {
 	last := "no answer"
 	switch {

@@ -65,14 +65,19 @@ func (r KeyRate) Validate() error {
 // KeyRateError says that a new key was refused by a KeyRate. It matches
 // ErrKeyRate.
 type KeyRateError struct {
+	// Name is the count's name (KeyRate.Name, else the scope) and Tenant
+	// the tenant whose count is at its limit.
 	Name, Tenant string
-	Limit        int64
-	Window       time.Duration
+	// Limit is the tenant's limit of new keys per Window.
+	Limit int64
+	// Window is the length of the count's windows.
+	Window time.Duration
 	// RetryAfter is how long until the window ends and new keys are
 	// counted afresh.
 	RetryAfter time.Duration
 }
 
+// Error says whose count refused the key and when its window ends.
 func (e *KeyRateError) Error() string {
 	return fmt.Sprintf("justonce/inbox: tenant %q started its %d new keys of %s under %q; the window ends in %s",
 		e.Tenant, e.Limit, e.Window, e.Name, e.RetryAfter.Round(time.Millisecond))
