@@ -144,7 +144,9 @@ func (h *handler) peekBody(r *http.Request) ([]byte, *http.Request, bool) {
 		return nil, &r2, false
 	}
 	_ = r.Body.Close()
-	return b, withBody(r, b), true
+	// A body used up before the bridge (ContentLength says there was one)
+	// would be fingerprinted empty: not observed.
+	return b, withBody(r, b), r.ContentLength <= 0 || len(b) > 0
 }
 
 type errReader struct{ err error }
