@@ -64,8 +64,18 @@
 //	justonce_outbox_publish_retries_total{broker}
 //	                                            publishes that failed for the time being (retried)
 //
+// The request fronts' observe mode (BridgeCollector, through the bridges'
+// Config.OnObserve):
+//
+//	justonce_bridge_observed_total{front,route,would}  requests an observe-mode route or method let
+//	                                                   through, by what enforcing would have done:
+//	                                                   would_run, would_replay, would_refuse_missing_key,
+//	                                                   would_refuse_invalid_key, would_conflict,
+//	                                                   would_mismatch
+//
 // Labels are bounded: scope is the consumer group or route name the
-// application chose (never put an event ID in it), source is http, kafka,
+// application chose (never put an event ID in it), route an HTTP route's
+// scope or a gRPC method's full name, source is http, kafka,
 // nats or the like, status and disposition are fixed sets. Event IDs are
 // never labels. Several ledgers in one registry (several schemas) need a
 // label to tell them apart: register each collector through

@@ -31,12 +31,13 @@ func TestUpDownUp(t *testing.T) {
 	st, err := m.Status(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 0, st.Version)
-	require.Equal(t, []int{1, 2}, st.Pending)
+	require.Equal(t, []int{1, 2, 3}, st.Pending)
 
 	res, err := m.Up(ctx)
 	require.NoError(t, err)
-	require.Equal(t, []int{1, 2}, res.Applied)
+	require.Equal(t, []int{1, 2, 3}, res.Applied)
 	require.Equal(t, 1, pg.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'outbox'`, schema))
+	require.Equal(t, 1, pg.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'key_rate'`, schema))
 	require.True(t, tableExists(t, pg, schema))
 	require.False(t, tableExists(t, pg, pg.Schema), "nothing lands in the search_path schema")
 
@@ -46,9 +47,10 @@ func TestUpDownUp(t *testing.T) {
 
 	res, err = m.Down(ctx)
 	require.NoError(t, err)
-	require.Equal(t, []int{2, 1}, res.Applied)
+	require.Equal(t, []int{3, 2, 1}, res.Applied)
 	require.False(t, tableExists(t, pg, schema))
 	require.Zero(t, pg.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'outbox'`, schema))
+	require.Zero(t, pg.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'key_rate'`, schema))
 
 	_, err = m.Up(ctx)
 	require.NoError(t, err)

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/migrations"
 )
 
 // These tests build the justonce binary and run it against a real Postgres
@@ -130,14 +132,27 @@ func TestBinary(t *testing.T) {
 		t.Parallel()
 		pg := testsvc.Postgres(t, testsvc.NoMigrate())
 		b := newBinary(t, "DATABASE_URL="+pg.URL, "JUSTONCE_SCHEMA="+pg.Schema)
+		// Every version this build knows, 1 to latest, in order and
+		// reversed, and as the CLI lists them.
+		all, err := migrations.All()
+		require.NoError(t, err)
+		latest := len(all)
+		var up, down []int
+		for v := 1; v <= latest; v++ {
+			up, down = append(up, v), append([]int{v}, down...)
+		}
+		list := func(vs []int) string {
+			s := fmt.Sprint(vs)
+			return strings.ReplaceAll(s[1:len(s)-1], " ", ", ")
+		}
 
 		r := b.must("migrate", "status")
-		require.Contains(t, r.stdout, "schema "+pg.Schema+": version 0 of 2, pending versions 1, 2")
+		require.Contains(t, r.stdout, fmt.Sprintf("schema %s: version 0 of %d, pending versions %s", pg.Schema, latest, list(up)))
 
 		r = b.must("migrate", "up")
-		require.Contains(t, r.stdout, "applied versions 1, 2, now at version 2 (was 0)")
+		require.Contains(t, r.stdout, fmt.Sprintf("applied versions %s, now at version %d (was 0)", list(up), latest))
 		r = b.must("migrate", "up")
-		require.Contains(t, r.stdout, "already at version 2")
+		require.Contains(t, r.stdout, fmt.Sprintf("already at version %d", latest))
 
 		var st struct {
 			Schema  string `json:"schema"`
@@ -147,8 +162,8 @@ func TestBinary(t *testing.T) {
 		}
 		b.json(&st, "migrate", "status")
 		require.Equal(t, pg.Schema, st.Schema)
-		require.Equal(t, 2, st.Version)
-		require.Equal(t, 2, st.Latest)
+		require.Equal(t, latest, st.Version)
+		require.Equal(t, latest, st.Latest)
 		require.Empty(t, st.Pending)
 
 		// The migrated table works.
@@ -164,26 +179,30 @@ func TestBinary(t *testing.T) {
 		require.Contains(t, r.stderr, "--yes")
 		require.Equal(t, 1, pg.Count(t, "SELECT count(*) FROM processed_events"))
 
-		r = b.run("migrate", "up", "--to", "7")
+		r = b.run("migrate", "up", "--to", "99")
 		require.Equal(t, exitUsage, r.code, "%s", r)
-		r = b.run("migrate", "down", "--yes", "--to", "3")
+		r = b.must("migrate", "down", "--yes", "--to", "1")
+		require.Contains(t, r.stdout, fmt.Sprintf("now at version 1 (was %d)", latest))
+		r = b.run("migrate", "down", "--yes", "--to", "2")
 		require.Equal(t, exitUsage, r.code, "%s", r)
+		require.Contains(t, r.stderr, "above the current version 1")
+		b.must("migrate", "up")
 
 		r = b.must("migrate", "down", "--yes")
-		require.Contains(t, r.stdout, "reverted versions 2, 1, now at version 0 (was 2)")
+		require.Contains(t, r.stdout, fmt.Sprintf("reverted versions %s, now at version 0 (was %d)", list(down), latest))
 		b.json(&st, "migrate", "status")
 		require.Equal(t, 0, st.Version)
-		require.Equal(t, []int{1, 2}, st.Pending)
+		require.Equal(t, up, st.Pending)
 		require.Equal(t, 0, pg.Count(t, "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_events'", pg.Schema))
 
 		// up and down report in JSON what they did.
 		var mig migrateJSON
 		b.json(&mig, "migrate", "up")
-		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 0, To: 2, Applied: []int{1, 2}}, mig)
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 0, To: latest, Applied: up}, mig)
 		b.json(&mig, "migrate", "up")
-		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 2, To: 2, Applied: []int{}}, mig)
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: latest, To: latest, Applied: []int{}}, mig)
 		b.json(&mig, "migrate", "down", "--yes")
-		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 2, To: 0, Applied: []int{2, 1}}, mig)
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: latest, To: 0, Applied: down}, mig)
 
 		// A ledger command on the unmigrated schema: an operational error
 		// with a hint.
@@ -195,15 +214,15 @@ func TestBinary(t *testing.T) {
 		// Flags win over the environment; without --schema the URL's
 		// search_path names the schema.
 		r = newBinary(t).must("migrate", "up", "--database-url", pg.URL)
-		require.Contains(t, r.stdout, "schema "+pg.Schema+": applied versions 1, 2")
+		require.Contains(t, r.stdout, "schema "+pg.Schema+": applied versions "+list(up))
 
 		// A database newer than this build: status and up say so and
 		// fail, rather than reporting it up to date or pointing at down.
-		pg.Exec(t, `INSERT INTO justonce_migrations (version, name) VALUES (3, 'future')`)
+		pg.Exec(t, `INSERT INTO justonce_migrations (version, name) VALUES (99, 'future')`)
 		for _, args := range [][]string{{"migrate", "status"}, {"migrate", "up"}} {
 			r = b.run(args...)
 			require.Equal(t, exitFailure, r.code, "%s", r)
-			require.Contains(t, r.stderr, "database is at 3, this build knows up to 2", "%s", r)
+			require.Contains(t, r.stderr, fmt.Sprintf("database is at 99, this build knows up to %d", latest), "%s", r)
 			require.NotContains(t, r.stderr, "migrate down")
 		}
 	})
