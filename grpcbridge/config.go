@@ -109,8 +109,8 @@ type Config struct {
 	// has expired. Default DefaultExpiresKey ("idempotency-key-expires").
 	ExpiresKey string
 	// MaxKeyLen is the longest key accepted, in bytes (1 to 255). Default
-	// 255. KeyAEP methods take at most 36, and principal isolation lowers
-	// the limit further (see KeyAny).
+	// 255. KeyAEP methods take at most 36, and methods that isolate keys
+	// per principal at most 231 (see KeyAny).
 	MaxKeyLen int
 	// MinTTL is the shortest TTL (MethodConfig.TTL, or the ledger's
 	// default) New accepts for a method, unless the method sets
@@ -164,10 +164,11 @@ type KeyFormat uint8
 
 // Key formats.
 const (
-	// KeyAny accepts printable ASCII, 1 to 255 bytes; 1 to 231 on a
-	// method that isolates keys per principal (Config.Principal set and
-	// MethodConfig.PrincipalKeys inbox.PrincipalIsolated, the default), as
-	// the ledger ID also holds the principal's digest. The limit is the
+	// KeyAny accepts printable ASCII, 1 to MaxKeyLen bytes (255 by
+	// default); at most 231 on a method that isolates keys per principal
+	// (Config.Principal set and MethodConfig.PrincipalKeys
+	// inbox.PrincipalIsolated, the default), as the ledger ID also holds
+	// the principal's digest. The limit is the
 	// method's: it holds on every call, also one whose principal is "".
 	KeyAny KeyFormat = iota
 	// KeyUUID accepts only UUIDs (8-4-4-4-12 hex digits, any version),

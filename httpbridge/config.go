@@ -184,8 +184,8 @@ type RouteConfig struct {
 	KeyFormat KeyFormat
 	// MaxKeyLen is the longest key the route accepts, in bytes (1 to 255):
 	// 128 for APIs whose contract says so, say. 0: Config.MaxKeyLen.
-	// Principal isolation and MismatchNewRequest lower it further (see
-	// Config.MaxKeyLen).
+	// Principal isolation and MismatchNewRequest cap it (at 231, 238, and
+	// 214 with both: see Config.MaxKeyLen).
 	MaxKeyLen int
 	// KeyValidator, when set, checks each key the route accepts otherwise
 	// (after KeyFormat): a format such as

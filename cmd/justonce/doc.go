@@ -103,9 +103,9 @@
 // success). The objects, with example values:
 //
 //	migrate up, migrate down:
-//	  {"schema": "public", "from": 0, "to": 2, "applied": [1, 2]}
+//	  {"schema": "public", "from": 0, "to": 3, "applied": [1, 2, 3]}
 //	migrate status:
-//	  {"schema": "public", "version": 0, "latest": 2, "pending": [1, 2]}
+//	  {"schema": "public", "version": 0, "latest": 3, "pending": [1, 2, 3]}
 //	ledger stats:
 //	  {"rows": [{"scope": "billing", "status": "processing", "rows": 2,
 //	             "oldest_lease_until": "2026-01-02T15:04:05Z"}],

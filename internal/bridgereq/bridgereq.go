@@ -71,10 +71,10 @@ func (s Spec) Validate() error {
 }
 
 // MaxKeyLen is the longest client key the route or method takes: limit
-// (the front's own, at most inbox.MaxPartLen) less what the ledger ID
-// appends to the key: the principal's digest under PrincipalIsolated when
-// the front knows principals (principals: its Config.Principal is set),
-// and the fingerprint with NewRequest.
+// (the front's own, at most inbox.MaxPartLen), capped at inbox.MaxPartLen
+// less what the ledger ID appends to the key: the principal's digest
+// under PrincipalIsolated when the front knows principals (principals: its
+// Config.Principal is set), and the fingerprint with NewRequest.
 //
 // It does not depend on a request's principal: on an isolated route a key
 // over the limit is refused even when this request's principal is "" (and
