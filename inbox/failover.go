@@ -69,7 +69,6 @@ func (r Replication) reason() string {
 	}
 }
 
-
 // CheckReplication asks the ledger's database whether the commits it
 // acknowledges are on a standby already, for a start-up check or a
 // readiness probe where the database has a standby that a failover
