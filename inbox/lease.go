@@ -37,18 +37,29 @@ type LeaseFunc func(ctx context.Context, token int64) (Result, error)
 // Disposition; otherwise a nil Lease and the Outcome (Duplicate, InFlight,
 // Mismatch), waiting up to the lock wait while the key is held.
 func (l *Ledger) AcquireLease(ctx context.Context, req Request, d time.Duration) (*Lease, Outcome, error) {
+	lease, _, out, err := l.acquireLease(ctx, req, d, false)
+	return lease, out, err
+}
+
+// acquireLease is AcquireLease; with steps (DoSteps) the claim's round
+// trip also asks whether the key has recorded steps (hasSteps).
+func (l *Ledger) acquireLease(ctx context.Context, req Request, d time.Duration, steps bool) (lease *Lease, hasSteps bool, out Outcome, err error) {
 	if err := l.Validate(req); err != nil {
-		return nil, Outcome{}, err
+		return nil, false, Outcome{}, err
 	}
 	if d <= 0 {
 		d = l.cfg.LeaseDuration
 	}
-	var lease *Lease
-	out, err := l.withWait(ctx, req, func() (Outcome, error) {
+	out, err = l.withWait(ctx, req, func() (Outcome, error) {
 		s, err := l.store.get(ctx, l.pool)
 		var cr claimRow
 		if err == nil {
-			cr, err = s.claimLease(ctx, l.pool, claimParams{req: req, ttl: l.ttl(req), lease: d, owner: l.cfg.Owner})
+			p := claimParams{req: req, ttl: l.ttl(req), lease: d, owner: l.cfg.Owner}
+			if steps {
+				cr, hasSteps, err = s.claimLeaseSteps(ctx, l.pool, p)
+			} else {
+				cr, err = s.claimLease(ctx, l.pool, p)
+			}
 		}
 		if err != nil {
 			return Outcome{}, storeErr("claim", err)
@@ -59,7 +70,7 @@ func (l *Ledger) AcquireLease(ctx context.Context, req Request, d time.Duration)
 		}
 		return classify(req, cr), nil
 	})
-	return lease, out, err
+	return lease, hasSteps, out, err
 }
 
 // Key returns the leased key.

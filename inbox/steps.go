@@ -150,14 +150,14 @@ type Steps struct {
 //
 // A panic in fn is treated as a retryable error, then re-raised.
 func (l *Ledger) DoSteps(ctx context.Context, req Request, d time.Duration, fn StepsFunc) (Outcome, error) {
-	lease, out, err := l.AcquireLease(ctx, req, d)
+	lease, hasSteps, out, err := l.acquireLease(ctx, req, d, true)
 	if err != nil || lease == nil {
 		return out, err
 	}
 	s := &Steps{l: l, lease: lease, req: req}
 	return lease.run(ctx, func(ctx context.Context, lost <-chan struct{}) (Result, error) {
 		s.lost = lost
-		if err := s.load(ctx); err != nil {
+		if err := s.load(ctx, hasSteps); err != nil {
 			return Result{}, err
 		}
 		res, err := fn(ctx, s)
@@ -175,7 +175,10 @@ func (s *Steps) Token() int64 { return s.lease.Token() }
 // step's record commit in one transaction, fenced by the lease's token, so
 // the step happens exactly once (as with Do). fn returns the step's
 // output. When the step is recorded already, fn does not run and Tx
-// returns the recorded output.
+// returns the recorded output. The transaction begins with fn's first
+// statement (BEGIN is sent in its round trip; a statement without
+// arguments sends it alone first) and the record travels with COMMIT, so
+// the step adds no round trip to fn's own.
 //
 // fn must not commit or roll back tx (ErrTxOwned); it may open nested
 // transactions (savepoints) with tx.Begin. When fn returns an error or
@@ -203,13 +206,9 @@ func (s *Steps) Tx(ctx context.Context, name string, fn func(ctx context.Context
 	var failed error
 	defer func() { releaseConn(pc, failed) }()
 	conn := pc.Conn()
-	if _, err := conn.Exec(ctx, sqlBegin); err != nil {
-		failed = err
-		rollback(conn)
-		return nil, s.ctxErr(storeErr("begin", err))
-	}
+	tx := &stepTx{ownedTx: ownedTx{conn: conn}} // begun by fn's first statement
 	hctx, run := withEventAtCommit(ctx, s.stepEvent(name))
-	if _, failed = runHandler(hctx, conn, func(ctx context.Context, tx pgx.Tx) (Result, error) {
+	if _, failed = runHandlerTx(hctx, conn, tx, func(ctx context.Context, tx pgx.Tx) (Result, error) {
 		var err error
 		out, err = fn(ctx, tx)
 		return Result{}, err
@@ -218,6 +217,9 @@ func (s *Steps) Tx(ctx context.Context, name string, fn func(ctx context.Context
 	}
 	p := s.params(name, StepTx, out)
 	failed = l.commit(ctx, conn, func(b *pgx.Batch) {
+		if !tx.begun() { // fn sent nothing
+			b.Queue(sqlBegin)
+		}
 		run.flush(b)
 		l.store.rows.queueRecordStep(b, p)
 	})
@@ -284,8 +286,13 @@ func (s *Steps) Compensate(name string, fn func(ctx context.Context, key string,
 	s.undo[name] = fn
 }
 
-// load reads the key's recorded steps, once the key is claimed.
-func (s *Steps) load(ctx context.Context) error {
+// load reads the key's recorded steps, once the key is claimed, when it
+// has some (the claim said: a key without any needs no round trip).
+func (s *Steps) load(ctx context.Context, hasSteps bool) error {
+	if !hasSteps {
+		s.recorded = map[string]Step{}
+		return nil
+	}
 	steps, err := s.l.store.rows.loadSteps(ctx, s.l.pool, s.req.Key, s.lease.token)
 	if err != nil {
 		s.touched = true // unknown: the steps, if any, must stay

@@ -543,3 +543,116 @@ func TestStepsRefuseBadNamesAndNesting(t *testing.T) {
 	})
 	require.NoError(t, err)
 }
+
+// A Postgres step's transaction begins with its function's first
+// statement, whatever its form, and commits with the step's record: or not
+// at all. Inside it, EventKey is the step's key and AtCommit writes travel
+// with the commit.
+func TestStepsTxStatementForms(t *testing.T) {
+	t.Parallel()
+	b, _ := stepsLedger(t, layouts[0].cfg)
+	ctx := context.Background()
+	b.pg.Exec(t, `CREATE TABLE forms (step text NOT NULL, v int)`)
+	r := req("payments", "forms")
+	insert := func(step string) string { return `INSERT INTO forms (step, v) VALUES ('` + step + `', 1)` }
+	var stepEvent inbox.Key
+	out, err := b.ledger.DoSteps(ctx, r, 0, func(ctx context.Context, s *inbox.Steps) (inbox.Result, error) {
+		forms := map[string]func(ctx context.Context, tx pgx.Tx) error{
+			"exec": func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, `INSERT INTO forms (step, v) VALUES ($1, $2)`, "exec", 1)
+				return err
+			},
+			"exec-simple": func(ctx context.Context, tx pgx.Tx) error {
+				_, err := tx.Exec(ctx, insert("exec-simple")+"; "+insert("exec-simple"))
+				return err
+			},
+			"query-row": func(ctx context.Context, tx pgx.Tx) error {
+				var v int
+				if err := tx.QueryRow(ctx, `INSERT INTO forms (step, v) VALUES ($1, 1) RETURNING v`, "query-row").Scan(&v); err != nil {
+					return err
+				}
+				stepEvent, _ = inbox.EventKey(ctx)
+				return nil
+			},
+			"query": func(ctx context.Context, tx pgx.Tx) error {
+				rows, err := tx.Query(ctx, `INSERT INTO forms (step, v) SELECT $1, g FROM generate_series(1, 3) g RETURNING v`, "query")
+				if err != nil {
+					return err
+				}
+				vs, err := pgx.CollectRows(rows, pgx.RowTo[int])
+				if err == nil && len(vs) != 3 {
+					err = fmt.Errorf("%d rows", len(vs))
+				}
+				return err
+			},
+			"batch": func(ctx context.Context, tx pgx.Tx) error {
+				bt := &pgx.Batch{}
+				bt.Queue(`INSERT INTO forms (step, v) VALUES ($1, 1)`, "batch")
+				bt.Queue(`INSERT INTO forms (step, v) VALUES ($1, 2)`, "batch")
+				return tx.SendBatch(ctx, bt).Close()
+			},
+			"savepoint": func(ctx context.Context, tx pgx.Tx) error {
+				sp, err := tx.Begin(ctx)
+				if err != nil {
+					return err
+				}
+				if _, err := sp.Exec(ctx, `INSERT INTO forms (step, v) VALUES ($1, 1)`, "savepoint"); err != nil {
+					return err
+				}
+				return sp.Commit(ctx)
+			},
+			"at-commit": func(ctx context.Context, tx pgx.Tx) error {
+				if !inbox.AtCommit(ctx, tx, `INSERT INTO forms (step, v) VALUES ($1, 1)`, "at-commit") {
+					return errors.New("AtCommit refused")
+				}
+				return nil
+			},
+			"nothing": func(context.Context, pgx.Tx) error { return nil },
+		}
+		for name, f := range forms {
+			if _, err := s.Tx(ctx, name, func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+				return []byte(name), f(ctx, tx)
+			}); err != nil {
+				return inbox.Result{}, fmt.Errorf("%s: %w", name, err)
+			}
+		}
+		// A step that swallows a failed statement, or ends the
+		// transaction itself, records nothing and leaves nothing.
+		_, err := s.Tx(ctx, "swallowed", func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			_, _ = tx.Exec(ctx, `INSERT INTO forms (step, v) VALUES ($1, 'not a number')`, "swallowed")
+			return nil, nil
+		})
+		if !errors.Is(err, inbox.ErrRolledBack) {
+			return inbox.Result{}, fmt.Errorf("swallowed: %v", err)
+		}
+		_, err = s.Tx(ctx, "owned", func(ctx context.Context, tx pgx.Tx) ([]byte, error) {
+			if _, err := tx.Exec(ctx, `INSERT INTO forms (step, v) VALUES ($1, 1)`, "owned"); err != nil {
+				return nil, err
+			}
+			_, err := tx.Exec(ctx, `COMMIT`)
+			return nil, err
+		})
+		if !errors.Is(err, inbox.ErrTxOwned) {
+			return inbox.Result{}, fmt.Errorf("owned: %v", err)
+		}
+		return inbox.Result{}, nil
+	})
+	require.NoError(t, err)
+	require.Equal(t, inbox.Executed, out.Disposition)
+	require.Equal(t, inbox.Key{Scope: r.Scope, ID: inbox.StepKey(r.Key, "query-row")}, stepEvent)
+	counts := map[string]int{}
+	rows, err := b.pg.Pool.Query(ctx, `SELECT step, count(*) FROM forms GROUP BY step`)
+	require.NoError(t, err)
+	var step string
+	var n int
+	_, err = pgx.ForEachRow(rows, []any{&step, &n}, func() error { counts[step] = n; return nil })
+	require.NoError(t, err)
+	require.Equal(t, map[string]int{"exec": 1, "exec-simple": 2, "query-row": 1, "query": 3, "batch": 2,
+		"savepoint": 1, "at-commit": 1, "owned": 1}, counts, "the owned step's COMMIT let its row through, unrecorded")
+	steps, err := b.ledger.Steps(ctx, r.Key)
+	require.NoError(t, err)
+	require.Len(t, steps, 8)
+	for _, st := range steps {
+		require.Equal(t, st.Name, string(st.Output))
+	}
+}

@@ -90,6 +90,10 @@ type ledgerStore interface {
 	// claimLease claims one key outside any transaction of the caller's
 	// (lease mode with p.lease > 0): the claimed row, or the row found.
 	claimLease(ctx context.Context, q querier, p claimParams) (claimRow, error)
+	// claimLeaseSteps is claimLease for DoSteps: in the claim's round
+	// trip it also asks whether the key has recorded steps (hasSteps,
+	// for a key claimed), which loadSteps then reads.
+	claimLeaseSteps(ctx context.Context, q querier, p claimParams) (cr claimRow, hasSteps bool, err error)
 
 	// recordFailure records a dead-lettered key as failed, unless it is
 	// done: false when it left the row as it was.
@@ -1015,6 +1019,7 @@ func isNoPartition(err error) bool {
 // the steps table is not partitioned, and they find a key's ledger row
 // through processed_events, wherever its bucket (a takeover may move it).
 type stepsSQL struct {
+	hasStepsSQL                               string
 	loadStepsSQL, recordStepSQL, listStepsSQL string
 	leaseLapseSQL, releaseStepsSQL            string
 	purgeStepsSQL                             string
@@ -1022,6 +1027,9 @@ type stepsSQL struct {
 
 func newStepsSQL(r *strings.Replacer) stepsSQL {
 	var q stepsSQL
+	// hasStepsSQL: whether a key has steps, live or expired (then
+	// loadStepsSQL reads them); sent with the claim.
+	q.hasStepsSQL = r.Replace(`SELECT EXISTS (SELECT 1 FROM {S} WHERE scope = $1 AND tenant = $2 AND event_id = $3)`)
 	// loadStepsSQL runs after a claim ($4: its token). Steps that expired
 	// belong to an earlier life of the key (its row expired, or was
 	// released while they stayed): they are deleted, so that the key's
@@ -1123,6 +1131,25 @@ func (s *rowStore) recordStep(ctx context.Context, q querier, p stepParams) erro
 
 func (s *rowStore) queueRecordStep(b *pgx.Batch, p stepParams) {
 	b.Queue(s.recordStepSQL, stepArgs(p)...)
+}
+
+// claimOneSteps is claimOne, with the question whether the key has
+// recorded steps in the claim's round trip.
+func (s *rowStore) claimOneSteps(ctx context.Context, q querier, sql string, p claimParams) (claimRow, bool, error) {
+	var c claimedScan
+	claimed, has := false, false
+	k := p.req.Key
+	b := &pgx.Batch{}
+	queueClaimOne(b, sql, p, &c, &claimed)
+	b.Queue(s.hasStepsSQL, k.Scope, k.Tenant, k.ID).QueryRow(func(row pgx.Row) error { return row.Scan(&has) })
+	if err := q.SendBatch(ctx, b).Close(); err != nil {
+		return claimRow{}, false, err
+	}
+	if claimed {
+		return claimRow{claimed: true, rec: c.record(p.req, p.lease, p.owner), live: true, leased: p.lease > 0}, has, nil
+	}
+	rec, live, err := s.lookup(ctx, q, k)
+	return claimRow{rec: rec, live: live}, false, err
 }
 
 func (s *rowStore) loadSteps(ctx context.Context, q querier, k Key, token int64) ([]Step, error) {
