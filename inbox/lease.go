@@ -199,7 +199,8 @@ func (ls *Lease) KeepAlive(ctx context.Context) (lost <-chan struct{}, stop func
 // the lease is released so a retry runs fn again, and the error is returned.
 // A crash leaves the lease to expire; the next caller then runs fn again:
 // effects outside the database are at-least-once, made safe by the fencing
-// token and by an idempotent downstream.
+// token and by an idempotent downstream. Work of several effects that
+// should resume where it stopped, rather than run again whole, is DoSteps'.
 func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn LeaseFunc) (Outcome, error) {
 	lease, out, err := l.AcquireLease(ctx, req, d)
 	if err != nil || lease == nil {

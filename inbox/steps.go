@@ -317,7 +317,7 @@ func (s *Steps) begin(name string, kind StepKind) (out []byte, done bool, err er
 	if err := s.checkName(name); err != nil {
 		return nil, false, err
 	}
-	if st, ok := s.recorded[name]; ok {
+	if st, ok := s.recorded[name]; ok && st.Kind != StepFailed {
 		if st.Kind != kind {
 			return nil, false, &KeyError{Field: "step", Reason: fmt.Sprintf("%q was recorded as a %s step, not a %s step", name, st.Kind, kind)}
 		}

@@ -15,6 +15,7 @@ import (
 
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/ledgerkey"
 	"github.com/justonce/justonce/migrations"
 )
 
@@ -249,7 +250,14 @@ func TestStepsPermanentFailureCompensates(t *testing.T) {
 		require.Equal(t, inbox.StatusProcessing, rec.Status)
 		pm.refundErr.Store(nil)
 		before := b.ledger.Counters()
-		_, err = b.ledger.DoSteps(ctx, r, 0, pm.handler("pay-q"))
+		var seen error // what the handler's step returned
+		_, err = b.ledger.DoSteps(ctx, r, 0, func(ctx context.Context, s *inbox.Steps) (inbox.Result, error) {
+			_, err := pm.handler("pay-q")(ctx, s)
+			seen = err
+			return inbox.Result{}, err
+		})
+		require.ErrorIs(t, seen, inbox.ErrPermanent, "the step not run returns the recorded failure")
+		require.ErrorContains(t, seen, `step "receipt" not run`)
 		require.ErrorIs(t, err, inbox.ErrPermanent)
 		require.ErrorContains(t, err, "address refused")
 		require.Equal(t, receipts+1, pm.count("receipt").Load(), "the receipt ran once")
@@ -655,4 +663,58 @@ func TestStepsTxStatementForms(t *testing.T) {
 	for _, st := range steps {
 		require.Equal(t, st.Name, string(st.Output))
 	}
+}
+
+// On the time-bucket layout a takeover that moves the key's row to a newer
+// bucket while a stale holder's record waits for that row refuses the
+// record too (Postgres reports the row moved): ErrLeaseLost.
+func TestStepsFencingAcrossABucketMove(t *testing.T) {
+	t.Parallel()
+	b := bucketsLedger(t, time.Hour, time.Hour)
+	ctx := context.Background()
+	r := req("payments", "fence-move")
+	r.Fingerprint = []byte("fp")
+	inside, release := make(chan struct{}), make(chan struct{})
+	errA := make(chan error, 1)
+	go func() {
+		// A long lease: A renews nothing while the test runs.
+		_, err := b.ledger.DoSteps(ctx, r, time.Hour, func(ctx context.Context, s *inbox.Steps) (inbox.Result, error) {
+			_, err := s.Call(ctx, "charge", func(ctx context.Context, key string) ([]byte, error) {
+				close(inside)
+				<-release
+				return []byte("A"), nil
+			})
+			return inbox.Result{}, err
+		})
+		errA <- err
+	}()
+	waitInside(t, inside, errA)
+	before := bucketOf(t, b, r.ID)
+
+	// An hour passes: A's lease runs out. The shard's next bucket opens,
+	// and another caller takes the key over, moving its row there; its
+	// transaction is still open when A records.
+	b.pg.Exec(t, `UPDATE processed_events SET lease_until = now() - interval '1 second' WHERE event_id = $1`, r.ID)
+	openNext(t, b)
+	tx, err := b.pg.Pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	var claimed bool
+	require.NoError(t, tx.QueryRow(ctx, `SELECT o_claimed FROM processed_events_claim($1, $2, $3, $4, 'kafka', '',
+		$5, $6::bigint # (('processed_events'::regclass)::oid::bigint << 32), $7, 'B', false)`,
+		r.Scope, r.Tenant, r.ID, r.Fingerprint, time.Hour.Microseconds(), ledgerkey.Hash(r.Scope, r.Tenant, r.ID),
+		time.Minute.Microseconds()).Scan(&claimed))
+	require.True(t, claimed)
+
+	close(release)
+	testsvc.Eventually(t, 10*time.Second, func() bool {
+		return b.pg.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1
+			AND wait_event_type = 'Lock' AND query LIKE 'INSERT INTO%processed_steps%'`, b.pg.Schema) == 1
+	}, "A's record waits for the row")
+	require.NoError(t, tx.Commit(ctx))
+	require.NotEqual(t, before, bucketOf(t, b, r.ID), "the takeover moved the row")
+	err = <-errA
+	require.ErrorIs(t, err, inbox.ErrLeaseLost)
+	require.ErrorContains(t, err, "moved to another partition")
+	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM processed_steps WHERE event_id = $1`, r.ID))
 }
