@@ -141,7 +141,9 @@ type Steps struct {
 // Steps.Compensate run for the completed steps in the reverse order of
 // their completion, each recorded as a step, and the key is recorded
 // failed (Lease.Fail: later duplicates get a Duplicate whose Record has
-// Status failed); DoSteps returns fn's error. A compensation that fails
+// Status failed); DoSteps returns fn's error (on an attempt that finished
+// the compensations of an earlier one, the recorded failure, marked
+// permanent). A compensation that fails
 // with an error that is not permanent leaves the key to be retried: the
 // next attempt runs no new step (each returns the recorded failure), so
 // fn returns, and the compensations not yet recorded run. A compensation

@@ -9,6 +9,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -104,10 +105,48 @@ func stepsBenchLedger(b *testing.B, conns int32) (*testsvc.PG, *inbox.Ledger) {
 	pg := testsvc.Postgres(b, testsvc.MaxConns(conns))
 	pg.Exec(b, `CREATE TABLE bench_orders (payment text NOT NULL)`)
 	pg.Exec(b, `CREATE TABLE bench_receipts (payment text NOT NULL, charge text NOT NULL)`)
-	l, err := inbox.New(pg.Pool, inbox.Config{})
+	// The ledger's pool counts the round trips of the calls whose context
+	// carries a counter (roundTrips).
+	cfg, err := pgxpool.ParseConfig(pg.URL)
+	require.NoError(b, err)
+	cfg.MaxConns = conns
+	cfg.ConnConfig.Tracer = roundTrips{}
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(b, err)
+	b.Cleanup(pool.Close)
+	pg.Pool = pool
+	l, err := inbox.New(pool, inbox.Config{})
 	require.NoError(b, err)
 	return pg, l
 }
+
+// roundTrips is a pgx tracer that counts the statements and batches sent
+// (one round trip each once their statements are prepared) into the
+// counter their context carries (withRoundTrips).
+type roundTrips struct{}
+
+type roundTripsKey struct{}
+
+func withRoundTrips(ctx context.Context, n *atomic.Int64) context.Context {
+	return context.WithValue(ctx, roundTripsKey{}, n)
+}
+
+func (roundTrips) count(ctx context.Context) context.Context {
+	if n, ok := ctx.Value(roundTripsKey{}).(*atomic.Int64); ok {
+		n.Add(1)
+	}
+	return ctx
+}
+
+func (t roundTrips) TraceQueryStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceQueryStartData) context.Context {
+	return t.count(ctx)
+}
+func (roundTrips) TraceQueryEnd(context.Context, *pgx.Conn, pgx.TraceQueryEndData) {}
+func (t roundTrips) TraceBatchStart(ctx context.Context, _ *pgx.Conn, _ pgx.TraceBatchStartData) context.Context {
+	return t.count(ctx)
+}
+func (roundTrips) TraceBatchQuery(context.Context, *pgx.Conn, pgx.TraceBatchQueryData) {}
+func (roundTrips) TraceBatchEnd(context.Context, *pgx.Conn, pgx.TraceBatchEndData)     {}
 
 // BenchmarkStepsVsLeased: a payment of three effects (an order row, a
 // charge at a provider over HTTP on loopback, a receipt row) under one
@@ -123,11 +162,19 @@ func BenchmarkStepsVsLeased(b *testing.B) {
 		b.Run(fmt.Sprintf("conns=%d", conns), func(b *testing.B) {
 			pg, l := stepsBenchLedger(b, int32(conns))
 			url, client := benchProvider(b)
-			ctx := context.Background()
+			var leasedTrips, stepsTrips, leasedN, stepsN atomic.Int64
+			leasedCtx := withRoundTrips(context.Background(), &leasedTrips)
+			stepsCtx := withRoundTrips(context.Background(), &stepsTrips)
 			id := func(kind string, r, i int) string { return kind + "-" + strconv.Itoa(r) + "-" + strconv.Itoa(i) }
+			defer func() {
+				b.ReportMetric(float64(leasedTrips.Load())/float64(leasedN.Load()), "base-round-trips/op")
+				b.ReportMetric(float64(stepsTrips.Load())/float64(stepsN.Load()), "round-trips/op")
+			}()
 			b.ResetTimer()
 			compareFloor(b, conns, sized(30, 2), sized(20*conns, 10),
 				func(r, i int) error {
+					ctx := leasedCtx
+					leasedN.Add(1)
 					id := id("leased", r, i)
 					out, err := l.DoLeased(ctx, inbox.Request{Key: inbox.Key{Scope: "perf", ID: id}}, 0, leasedPayment(pg.Pool, client, url, id))
 					if err == nil && out.Disposition != inbox.Executed {
@@ -136,6 +183,8 @@ func BenchmarkStepsVsLeased(b *testing.B) {
 					return err
 				}, nil,
 				func(r, i int) error {
+					ctx := stepsCtx
+					stepsN.Add(1)
 					id := id("steps", r, i)
 					out, err := l.DoSteps(ctx, inbox.Request{Key: inbox.Key{Scope: "perf", ID: id}}, 0, stepsPayment(client, url, id))
 					if err == nil && out.Disposition != inbox.Executed {
