@@ -22,6 +22,10 @@
 //	justonce_ledger_redis_recoveries_total              Redis calls answered after others had failed:
 //	                                                    the end of a fallback episode
 //	justonce_ledger_leases_lost_total                   leases found taken over or released
+//	justonce_ledger_steps_total{kind}                   steps (DoSteps) run and recorded: tx, call,
+//	                                                    compensate
+//	justonce_ledger_steps_resumed_total                 steps skipped because recorded already
+//	                                                    (attempts resuming after a failure or crash)
 //
 // and, queried from Postgres at each scrape (inbox.Ledger.Stats, bounded by
 // LedgerConfig.StatsTimeout), the table as all instances see it:

@@ -54,6 +54,8 @@ func ExampleNewLedgerCollector() {
 	// justonce_ledger_redis_fallbacks_total
 	// justonce_ledger_redis_recoveries_total
 	// justonce_ledger_leases_lost_total
+	// justonce_ledger_steps_total
+	// justonce_ledger_steps_resumed_total
 	// justonce_ledger_rows
 	// justonce_ledger_oldest_lease_overdue_seconds
 	// justonce_ledger_stats_up
