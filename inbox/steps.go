@@ -14,7 +14,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 
-	"github.com/justonce/justonce/internal/backoff"
+	"github.com/justonce/justonce/backoff"
 )
 
 // Steps: recovery points for work that spans Postgres and outside
@@ -413,7 +413,7 @@ func (s *Steps) record(ctx context.Context, p stepParams) error {
 		}
 		s.l.cfg.Logger.WarnContext(ctx, "justonce/inbox: recording a step failed, will retry",
 			"key", p.key.String(), "step", p.name, "err", err)
-		t := time.NewTimer(backoff.Delay(20*time.Millisecond, time.Second, 2, n))
+		t := time.NewTimer(backoff.Backoff{Initial: 20 * time.Millisecond, Max: time.Second, Multiplier: 2}.Delay(n))
 		select {
 		case <-ctx.Done():
 			t.Stop()
