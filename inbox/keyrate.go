@@ -113,21 +113,6 @@ var keyRateUndoScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then return redis.call('DECR', KEYS[1]) end
 return 0`)
 
-// keyRateCountSQL adds a key to its tenant's count, starting the count
-// afresh in a later window; the table's CHECK refuses a count over
-// max_keys.
-const keyRateCountSQL = `INSERT INTO {T} AS k (name, tenant, window_start, keys, max_keys)
-VALUES ($1, $2, $3, 1, $4)
-ON CONFLICT (name, tenant) DO UPDATE SET
-	keys = CASE WHEN EXCLUDED.window_start > k.window_start THEN 1 ELSE k.keys + 1 END,
-	window_start = GREATEST(k.window_start, EXCLUDED.window_start),
-	max_keys = EXCLUDED.max_keys`
-
-const keyRatePeekSQL = `SELECT window_start, keys FROM {T} WHERE name = $1 AND tenant = $2`
-
-const keyRateUndoSQL = `UPDATE {T} SET keys = keys - 1
-WHERE name = $1 AND tenant = $2 AND window_start = $3 AND keys > 0`
-
 // keyRateConstraint is the CHECK of the key_rate table.
 const keyRateConstraint = "key_rate_limit"
 

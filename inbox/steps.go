@@ -276,7 +276,7 @@ func (s *Steps) Call(ctx context.Context, name string, fn func(ctx context.Conte
 // and the step's recorded output. The compensation is itself a step,
 // recorded as "compensate:"+name, so it runs at least once, like a Call,
 // and is deduplicated by its key: write fn to be repeatable (a refund
-// with the key; an UPDATE that cancels an order). Declare it on every
+// with the key; a statement that cancels an order). Declare it on every
 // attempt, before or after the step runs (a step completed and skipped
 // needs its compensation too): a later declaration for the same name
 // replaces an earlier one. Completed steps without a compensation are

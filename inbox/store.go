@@ -1197,3 +1197,21 @@ func (s *rowStore) purgeSteps(ctx context.Context, q querier, limit int) (n int6
 	err = q.QueryRow(ctx, s.purgeStepsSQL, s.janitorLockKey(), limit).Scan(&locked, &n)
 	return n, n >= int64(limit), locked, err
 }
+
+// The new-key rate limit's counts (table key_rate, migration 3), which
+// inbox/keyrate.go keeps when the ledger has no Redis.
+
+// keyRateCountSQL adds a key to its tenant's count, starting the count
+// afresh in a later window; the table's CHECK refuses a count over
+// max_keys.
+const keyRateCountSQL = `INSERT INTO {T} AS k (name, tenant, window_start, keys, max_keys)
+VALUES ($1, $2, $3, 1, $4)
+ON CONFLICT (name, tenant) DO UPDATE SET
+	keys = CASE WHEN EXCLUDED.window_start > k.window_start THEN 1 ELSE k.keys + 1 END,
+	window_start = GREATEST(k.window_start, EXCLUDED.window_start),
+	max_keys = EXCLUDED.max_keys`
+
+const keyRatePeekSQL = `SELECT window_start, keys FROM {T} WHERE name = $1 AND tenant = $2`
+
+const keyRateUndoSQL = `UPDATE {T} SET keys = keys - 1
+WHERE name = $1 AND tenant = $2 AND window_start = $3 AND keys > 0`
