@@ -69,9 +69,10 @@
 //     needs to build the same Harness on the same broker (its address,
 //     when the test found it elsewhere than in the environment);
 //     RunChild(ctx, topic, group, opts) runs, in the child, a consumer as
-//     a program would run it (the front's defaults: no test tuning such as
-//     shorter group timeouts, which would hide what a restart costs) until
-//     ctx ends, and returns its Run's error. The suite re-executes the test
+//     a program would run it (no test tuning, such as shorter group
+//     timeouts, that would hide what a restart costs and that
+//     Features.CrashRestart bounds) until ctx ends, and returns its Run's
+//     error. The suite re-executes the test
 //     binary, running only the test that called Run, with an environment
 //     variable that makes Run play the child's part: so build the Harness
 //     the same way in that test whether it runs as parent or child, and

@@ -90,9 +90,9 @@ type CrashHarness interface {
 	// the environment), as "NAME=value" entries.
 	ChildEnv() []string
 	// RunChild runs, in the child process, a consumer of group on topic
-	// with opts, configured as a program would run it (the front's
-	// defaults, no test tuning), until ctx ends, and returns its Run's
-	// error.
+	// with opts, configured as a program would run it (no test tuning
+	// that would hide what a restart costs, such as shorter group
+	// timeouts), until ctx ends, and returns its Run's error.
 	RunChild(ctx context.Context, topic, group string, opts Options) error
 }
 

@@ -43,8 +43,10 @@ func (h *harness) Publish(t *testing.T, topic string, msgs []consumertest.Msg) {
 	}
 }
 
-// config is the Consumer's Config on nc; Start shortens its AckWait (the
-// server's default is 30 s), RunChild does not.
+// config is the Consumer's Config on nc. Its AckWait, how long the server
+// waits before it redelivers a message a killed consumer took, is 5 s
+// rather than the server's 30 s, as a program may set it: the tests do not
+// wait out 30 s after each kill.
 func (h *harness) config(nc *nats.Conn, topic, group string, opts consumertest.Options) Config {
 	return Config{
 		Conn:       nc,
@@ -52,15 +54,14 @@ func (h *harness) config(nc *nats.Conn, topic, group string, opts consumertest.O
 		Durable:    group,
 		Processor:  opts.Config,
 		Scheduling: consumer.Scheduling{Concurrency: opts.Concurrency, BatchSize: suiteBatch(opts.BatchSize)},
+		AckWait:    5 * time.Second,
 	}
 }
 
 func (h *harness) Start(t *testing.T, topic, group string, opts consumertest.Options) (stop func()) {
 	nc, err := nats.Connect(h.env.url)
 	require.NoError(t, err)
-	cfg := h.config(nc, topic, group, opts)
-	cfg.AckWait = 5 * time.Second
-	c, err := New(cfg, opts.Handler)
+	c, err := New(h.config(nc, topic, group, opts), opts.Handler)
 	require.NoError(t, err)
 	stopRun, _ := consumertest.Start(t, c)
 	return func() {
