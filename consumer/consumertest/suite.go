@@ -44,8 +44,8 @@ type Options struct {
 	// Handler to run.
 	Handler consumer.Handler
 	// BatchSize > 0 runs batch mode with up to this many messages a batch
-	// (the front's Scheduling.BatchSize). 0: the front's plain mode, one
-	// message a transaction where it has one.
+	// (the front's Scheduling.BatchSize). 0: as the Harness runs the front
+	// by default (one message a transaction, or the front's own batches).
 	BatchSize int
 	// Concurrency > 0 sets the front's Scheduling.Concurrency; 0: its
 	// default.
