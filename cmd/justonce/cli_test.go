@@ -6,10 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -20,6 +22,7 @@ import (
 
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/migrations"
 )
 
 // These tests build the justonce binary and run it against a real Postgres
@@ -131,13 +134,19 @@ func TestBinary(t *testing.T) {
 		pg := testsvc.Postgres(t, testsvc.NoMigrate())
 		b := newBinary(t, "DATABASE_URL="+pg.URL, "JUSTONCE_SCHEMA="+pg.Schema)
 
+		// The versions this build knows (numbers may have gaps).
+		all := knownVersions(t)
+		latest := all[len(all)-1]
+		down := slices.Clone(all)
+		slices.Reverse(down)
+
 		r := b.must("migrate", "status")
-		require.Contains(t, r.stdout, "schema "+pg.Schema+": version 0 of 2, pending versions 1, 2")
+		require.Contains(t, r.stdout, fmt.Sprintf("schema %s: version 0 of %d, pending %s", pg.Schema, latest, versions(all)))
 
 		r = b.must("migrate", "up")
-		require.Contains(t, r.stdout, "applied versions 1, 2, now at version 2 (was 0)")
+		require.Contains(t, r.stdout, fmt.Sprintf("applied %s, now at version %d (was 0)", versions(all), latest))
 		r = b.must("migrate", "up")
-		require.Contains(t, r.stdout, "already at version 2")
+		require.Contains(t, r.stdout, fmt.Sprintf("already at version %d", latest))
 
 		var st struct {
 			Schema  string `json:"schema"`
@@ -147,8 +156,8 @@ func TestBinary(t *testing.T) {
 		}
 		b.json(&st, "migrate", "status")
 		require.Equal(t, pg.Schema, st.Schema)
-		require.Equal(t, 2, st.Version)
-		require.Equal(t, 2, st.Latest)
+		require.Equal(t, latest, st.Version)
+		require.Equal(t, latest, st.Latest)
 		require.Empty(t, st.Pending)
 
 		// The migrated table works.
@@ -164,26 +173,31 @@ func TestBinary(t *testing.T) {
 		require.Contains(t, r.stderr, "--yes")
 		require.Equal(t, 1, pg.Count(t, "SELECT count(*) FROM processed_events"))
 
-		r = b.run("migrate", "up", "--to", "7")
+		r = b.run("migrate", "up", "--to", strconv.Itoa(latest+2))
 		require.Equal(t, exitUsage, r.code, "%s", r)
-		r = b.run("migrate", "down", "--yes", "--to", "3")
+		r = b.run("migrate", "down", "--yes", "--to", strconv.Itoa(latest+1))
 		require.Equal(t, exitUsage, r.code, "%s", r)
+		if gap := firstGap(all); gap > 0 {
+			r = b.run("migrate", "down", "--yes", "--to", strconv.Itoa(gap))
+			require.Equal(t, exitUsage, r.code, "%s", r)
+			require.Contains(t, r.stderr, fmt.Sprintf("this build has no version %d", gap))
+		}
 
 		r = b.must("migrate", "down", "--yes")
-		require.Contains(t, r.stdout, "reverted versions 2, 1, now at version 0 (was 2)")
+		require.Contains(t, r.stdout, fmt.Sprintf("reverted %s, now at version 0 (was %d)", versions(down), latest))
 		b.json(&st, "migrate", "status")
 		require.Equal(t, 0, st.Version)
-		require.Equal(t, []int{1, 2}, st.Pending)
+		require.Equal(t, all, st.Pending)
 		require.Equal(t, 0, pg.Count(t, "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_events'", pg.Schema))
 
 		// up and down report in JSON what they did.
 		var mig migrateJSON
 		b.json(&mig, "migrate", "up")
-		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 0, To: 2, Applied: []int{1, 2}}, mig)
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 0, To: latest, Applied: all}, mig)
 		b.json(&mig, "migrate", "up")
-		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 2, To: 2, Applied: []int{}}, mig)
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: latest, To: latest, Applied: []int{}}, mig)
 		b.json(&mig, "migrate", "down", "--yes")
-		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 2, To: 0, Applied: []int{2, 1}}, mig)
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: latest, To: 0, Applied: down}, mig)
 
 		// A ledger command on the unmigrated schema: an operational error
 		// with a hint.
@@ -195,15 +209,15 @@ func TestBinary(t *testing.T) {
 		// Flags win over the environment; without --schema the URL's
 		// search_path names the schema.
 		r = newBinary(t).must("migrate", "up", "--database-url", pg.URL)
-		require.Contains(t, r.stdout, "schema "+pg.Schema+": applied versions 1, 2")
+		require.Contains(t, r.stdout, "schema "+pg.Schema+": applied "+versions(all))
 
 		// A database newer than this build: status and up say so and
 		// fail, rather than reporting it up to date or pointing at down.
-		pg.Exec(t, `INSERT INTO justonce_migrations (version, name) VALUES (3, 'future')`)
+		pg.Exec(t, `INSERT INTO justonce_migrations (version, name) VALUES ($1, 'future')`, latest+1)
 		for _, args := range [][]string{{"migrate", "status"}, {"migrate", "up"}} {
 			r = b.run(args...)
 			require.Equal(t, exitFailure, r.code, "%s", r)
-			require.Contains(t, r.stderr, "database is at 3, this build knows up to 2", "%s", r)
+			require.Contains(t, r.stderr, fmt.Sprintf("database is at %d, this build knows up to %d", latest+1, latest), "%s", r)
 			require.NotContains(t, r.stderr, "migrate down")
 		}
 	})
@@ -686,4 +700,26 @@ func do(t *testing.T, l *inbox.Ledger, req inbox.Request, res inbox.Result) {
 	out, err := l.Do(context.Background(), req, func(context.Context, pgx.Tx) (inbox.Result, error) { return res, nil })
 	require.NoError(t, err)
 	require.Equal(t, inbox.Executed, out.Disposition)
+}
+
+// knownVersions returns the migration versions this build knows, in order.
+func knownVersions(t *testing.T) []int {
+	t.Helper()
+	all, err := migrations.All()
+	require.NoError(t, err)
+	vs := make([]int, len(all))
+	for i, m := range all {
+		vs[i] = m.Version
+	}
+	return vs
+}
+
+// firstGap returns the lowest version below the latest that vs lacks, or 0.
+func firstGap(vs []int) int {
+	for v := 1; v < vs[len(vs)-1]; v++ {
+		if !slices.Contains(vs, v) {
+			return v
+		}
+	}
+	return 0
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 
 	"github.com/jackc/pgx/v5/pgxpool"
@@ -108,8 +109,16 @@ func migrateTo(ctx context.Context, a *app, db *dbFlags, to int, up, asJSON bool
 	if err != nil {
 		return err
 	}
-	if latest := all[len(all)-1].Version; to > latest {
+	known := make([]int, len(all))
+	for i, m := range all {
+		known[i] = m.Version
+	}
+	if latest := known[len(known)-1]; to > latest {
 		return usageErrorf("--to %d: this build knows versions up to %d", to, latest)
+	}
+	if to != 0 && !slices.Contains(known, to) {
+		// Version numbers may have gaps.
+		return usageErrorf("--to %d: this build has no version %d (it knows %s)", to, to, versions(known))
 	}
 	m, pool, schema, err := db.migrator(ctx)
 	if err != nil {
