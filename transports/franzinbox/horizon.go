@@ -59,11 +59,11 @@ func (c *Consumer) horizon(ctx context.Context, adm *kadm.Client, ttl time.Durat
 		return horizon.Found{Err: fmt.Errorf("topics %v: %w", c.cfg.Topics, err)}
 	}
 	for _, rc := range rcs {
-		main := slices.Contains(c.cfg.Topics, rc.Name)
+		consumed := slices.Contains(c.cfg.Topics, rc.Name)
 		if rc.Err != nil {
 			// A dead-letter topic may not exist yet: it is created at
 			// its first dead letter.
-			if main {
+			if consumed {
 				errs = append(errs, fmt.Errorf("topic %s: %w", rc.Name, rc.Err))
 			}
 			continue
@@ -76,10 +76,10 @@ func (c *Consumer) horizon(ctx context.Context, adm *kadm.Client, ttl time.Durat
 		}
 		h, err := horizon.Kafka(rc.Name, configs, ttl)
 		switch {
-		case err != nil && main:
+		case err != nil && consumed:
 			errs = append(errs, err)
 		case err != nil:
-		case main:
+		case consumed:
 			found.Topics = append(found.Topics, h)
 		default:
 			found.DeadLetters = append(found.DeadLetters, h)

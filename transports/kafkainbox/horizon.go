@@ -2,7 +2,6 @@ package kafkainbox
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"time"
 
@@ -48,11 +47,11 @@ func (c *Consumer) horizon(ctx context.Context, cl *kafka.Client, ttl time.Durat
 	}
 	var found horizon.Found
 	for _, r := range res.Resources {
-		main := r.ResourceName == c.cfg.Topic
+		consumed := r.ResourceName == c.cfg.Topic
 		if r.Error != nil {
 			// A dead-letter topic may not exist yet: it is created at
 			// its first dead letter.
-			if main {
+			if consumed {
 				found.Err = fmt.Errorf("topic %s: %w", r.ResourceName, r.Error)
 			}
 			continue
@@ -63,10 +62,10 @@ func (c *Consumer) horizon(ctx context.Context, cl *kafka.Client, ttl time.Durat
 		}
 		h, err := horizon.Kafka(r.ResourceName, configs, ttl)
 		switch {
-		case err != nil && main:
+		case err != nil && consumed:
 			found.Err = err
 		case err != nil:
-		case main:
+		case consumed:
 			found.Topics = append(found.Topics, h)
 		default:
 			found.DeadLetters = append(found.DeadLetters, h)
@@ -95,11 +94,11 @@ func (c *Consumer) lag(ctx context.Context, cl *kafka.Client, ttl time.Duration,
 	if err != nil {
 		return 0, 0, err
 	}
-	if len(md.Topics) != 1 || md.Topics[0].Error != nil {
-		if len(md.Topics) == 1 {
-			err = md.Topics[0].Error
-		}
-		return 0, 0, fmt.Errorf("metadata: %w", errors.Join(err, errors.New("no such topic")))
+	switch {
+	case len(md.Topics) != 1:
+		return 0, 0, fmt.Errorf("metadata: %d topics for %s", len(md.Topics), topic)
+	case md.Topics[0].Error != nil:
+		return 0, 0, fmt.Errorf("metadata: %w", md.Topics[0].Error)
 	}
 	ids := make([]int, len(md.Topics[0].Partitions))
 	at := time.Now().Add(-ttl)
