@@ -38,7 +38,7 @@ type Client struct {
 func Publish(ctx context.Context, cl Client, msgs []outbox.Message) []error {
 	answers := make([]Answer, len(msgs))
 	send := CheckPartitions(ctx, msgs, answers, cl.Partitions)
-	if len(send) == len(msgs) {
+	if send == nil {
 		cl.Send(ctx, msgs, answers)
 	} else if len(send) > 0 {
 		sub := make([]outbox.Message, len(send))
@@ -58,23 +58,21 @@ func Publish(ctx context.Context, cl Client, msgs []outbox.Message) []error {
 // CheckPartitions refuses for good (in answers) each message that names a
 // partition (outbox.Message.Partition) its topic does not have, once the
 // cluster confirms the topic's partition count, and returns the indexes
-// of the other messages, in order. A topic whose count partitions cannot
-// tell is not refused: its broker answers.
+// of the other messages, in order; nil when no message names a partition
+// (all are to be sent, and nothing was asked). A topic whose count
+// partitions cannot tell is not refused: its broker answers.
 func CheckPartitions(ctx context.Context, msgs []outbox.Message, answers []Answer,
 	partitions func(ctx context.Context, topics []string, fresh bool) map[string]int) []int {
 	var topics []string
-	for _, m := range msgs {
-		if m.Partition != nil && !slices.Contains(topics, m.Topic) {
+	for i := range msgs {
+		if m := &msgs[i]; m.Partition != nil && !slices.Contains(topics, m.Topic) {
 			topics = append(topics, m.Topic)
 		}
 	}
-	send := make([]int, 0, len(msgs))
 	if len(topics) == 0 {
-		for i := range msgs {
-			send = append(send, i)
-		}
-		return send
+		return nil
 	}
+	send := make([]int, 0, len(msgs))
 	outside := func(counts map[string]int, m outbox.Message) bool {
 		n, ok := counts[m.Topic]
 		return m.Partition != nil && ok && int(*m.Partition) >= n
