@@ -54,6 +54,11 @@
 //	justonce_consumer_retries_total{scope,source}       attempts that will be retried
 //	justonce_consumer_dead_lettered_total{scope,source,reason}
 //	                                                    messages given up: no_id, invalid_key, handler
+//	justonce_consumer_redelivery_headroom_seconds{scope,source,topic}
+//	                                                    the ledger TTL minus how long the topic or
+//	                                                    stream keeps messages, measured when Run
+//	                                                    started; negative: a message may come again
+//	                                                    after its ID expired; -Inf: kept forever
 //
 // The transactional outbox (OutboxCollector): the relays' counters, fed by
 // the outbox.RelayHooks that OutboxCollector.Hooks returns, and the table as
