@@ -252,6 +252,50 @@ func (s *RedisSentinel) WaitFailover(old int, within time.Duration) {
 	s.waitSentinels(s.data[1-old].port, 0, within)
 }
 
+// WaitSettled waits until every sentinel names the same master, which
+// says it is one and has a replica whose link to it is up (so that a
+// failover has a node to promote), and returns the master's index.
+func (s *RedisSentinel) WaitSettled(within time.Duration) int {
+	s.t.Helper()
+	end := time.Now().Add(within)
+	for {
+		m := s.Master()
+		if m >= 0 && s.running(1-m) {
+			ok := true
+			for _, p := range s.sent {
+				if ok, _ = s.sentinelSees(p, s.data[m].port, 1); !ok {
+					break
+				}
+			}
+			if ok && s.role(s.data[m].port) == "master" && s.linkUp(1-m) {
+				return m
+			}
+		}
+		if time.Now().After(end) {
+			s.t.Fatalf("testsvc: sentinels not settled on a master with a replica within %s (master: node %d)", within, m)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// running reports whether data node i's process runs.
+func (s *RedisSentinel) running(i int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.data[i].cmd != nil
+}
+
+// linkUp reports whether data node i is a replica whose link to its
+// master is up.
+func (s *RedisSentinel) linkUp(i int) bool {
+	c := s.client(s.data[i].port)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "replication").Result()
+	return err == nil && infoField(info, "role") == "slave" && infoField(info, "master_link_status") == "up"
+}
+
 // Restart starts data node i again (it comes back empty); the sentinels
 // make it a replica of the master.
 func (s *RedisSentinel) Restart(i int) {
