@@ -133,7 +133,7 @@ func (f *redisOutage) inject(context.Context) (bool, error) {
 func (f *redisOutage) heal(ctx context.Context) error {
 	if s := f.e.redis.sentinel; s != nil {
 		_ = consumer.Sleep(ctx, min(f.e.o.killEvery, testsvc.SentinelDownAfter/2))
-		if err := catch(func() { s.Restart(f.master); s.WaitSettled(time.Minute) }); err != nil {
+		if err := catch(func() { s.RestartInPlace(f.master); s.WaitSettled(time.Minute) }); err != nil {
 			return fmt.Errorf("redis restart: %w", err)
 		}
 		return nil

@@ -36,6 +36,7 @@ import (
 // producer emits one transport's plan in chunks, and resends single
 // events (after an operator released them).
 type producer struct {
+	mu      sync.Mutex // a soak's operator releases resend while the producer emits
 	name    string
 	ids     []string
 	next    int
@@ -46,14 +47,16 @@ type producer struct {
 
 // emitRetry emits ids, retrying for up to 2 minutes while the broker is
 // away (a retry may add duplicates; the verdict does not mind).
-func emitRetry(ctx context.Context, p *producer, ids []string, retries *int) error {
+func emitRetry(ctx context.Context, p *producer, ids []string, retries *atomic.Int64) error {
 	deadline := time.Now().Add(2 * time.Minute)
 	for {
+		p.mu.Lock()
 		err := p.emit(ctx, ids)
+		p.mu.Unlock()
 		if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
 			return err
 		}
-		*retries++
+		retries.Add(1)
 		fmt.Fprintf(errOut, "chaos: produce %s: %v (retrying)\n", p.name, err)
 		if err := consumer.Sleep(ctx, time.Second); err != nil {
 			return err
@@ -176,6 +179,7 @@ func (e *env) startNATS(ctx context.Context) error {
 	e.sum.produced["nats"], e.sum.duplicates["nats"], e.sum.unique["nats"] = len(ids), dups, e.o.events
 	lastSent := map[string]time.Time{}
 	emit := func(ctx context.Context, ids []string) error {
+		futures := make([]jetstream.PubAckFuture, 0, len(ids))
 		for _, id := range ids {
 			// A duplicate inside the window would be dropped by the
 			// server: wait it out, so every duplicate is delivered.
@@ -187,23 +191,57 @@ func (e *env) startNATS(ctx context.Context) error {
 			m := nats.NewMsg("chaos.events")
 			m.Header.Set(jetstream.MsgIDHeader, id)
 			m.Data = []byte(`{"id":"` + id + `"}`)
-			if _, err := js.PublishMsgAsync(m); err != nil {
+			f, err := js.PublishMsgAsync(m)
+			if err != nil {
 				return err
 			}
+			futures = append(futures, f)
 			lastSent[id] = time.Now()
 		}
 		select {
 		case <-js.PublishAsyncComplete():
-			return nil
 		case <-time.After(30 * time.Second):
 			return errors.New("nats publish did not complete")
 		}
+		return republish(ctx, js, futures)
 	}
 	p := &producer{name: "nats", ids: ids, emit: emit}
 	e.classify(p, e.o.events)
 	e.addProducer(p)
 	e.dlq["nats"] = func(ctx context.Context) (map[string]bool, error) { return readNatsDLQ(ctx, js, "CHAOSDLQ") }
 	e.startSlots("nats", append([]string{"-transport", "nats", "-nats", e.nats.url(), "-stream", "CHAOS"}, e.common...))
+	return nil
+}
+
+// republish sends again, one at a time until the stream acknowledges it,
+// each message whose asynchronous publish failed (the stream's leader
+// died, an election was under way): with its Nats-Msg-Id, so that the
+// stream keeps one copy if the first publish was stored after all (within
+// the duplicate window; after it, the copy is one more duplicate delivery,
+// which the ledger answers).
+func republish(ctx context.Context, js jetstream.JetStream, futures []jetstream.PubAckFuture) error {
+	for _, f := range futures {
+		select {
+		case <-f.Ok():
+			continue
+		default:
+		}
+		sent := f.Msg()
+		id := sent.Header.Get(jetstream.MsgIDHeader)
+		for deadline := time.Now().Add(2 * time.Minute); ; {
+			m := nats.NewMsg(sent.Subject)
+			m.Header.Set(jetstream.MsgIDHeader, id)
+			m.Data = sent.Data
+			_, err := js.PublishMsg(ctx, m, jetstream.WithRetryAttempts(10), jetstream.WithRetryWait(200*time.Millisecond))
+			if err == nil {
+				break
+			}
+			if ctx.Err() != nil || time.Now().After(deadline) {
+				return fmt.Errorf("nats publish %s: %w", id, err)
+			}
+			fmt.Fprintf(errOut, "chaos: nats publish %s: %v (retrying)\n", id, err)
+		}
+	}
 	return nil
 }
 

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"io"
 	"strings"
+	"sync/atomic"
 	"time"
 )
 
@@ -44,7 +45,8 @@ type summary struct {
 	down                                     map[string][]time.Duration
 	rebuilt                                  []time.Duration // Postgres failovers: kill to the dead node streaming as the new standby
 	obs                                      *observations
-	pgTerminated, producerRetries            int
+	pgTerminated                             int
+	producerRetries                          atomic.Int64
 	released, releaseFailed                  int
 	httpRequests, httpFailed, httpMismatched int
 	keys                                     map[string]*keyLoad // grpc: the clients' counts
@@ -208,7 +210,7 @@ func (s *summary) printWorkers(w io.Writer) {
 	n, of, p50, pmax := s.obs.restartStats()
 	fmt.Fprintf(w, "consumer restart to first effect: p50 %s, max %s (%d of %d restarts had an effect before the next kill or the end)\n",
 		p50.Round(time.Millisecond), pmax.Round(time.Millisecond), n, of)
-	fmt.Fprintf(w, "producer retries after a broker fault: %d\n", s.producerRetries)
+	fmt.Fprintf(w, "producer retries after a broker fault: %d\n", s.producerRetries.Load())
 	if s.httpRequests > 0 {
 		fmt.Fprintf(w, "http:   %d requests, %d without a 2xx in the end, %d keys answered with differing bodies\n",
 			s.httpRequests, s.httpFailed, s.httpMismatched)
