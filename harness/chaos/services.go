@@ -156,18 +156,23 @@ func (s *services) kill(service string) error {
 
 // restart starts the service killed by kill again and waits until it
 // answers. The killed process's last threads may still hold its files
-// (Kafka's data directory lock) for a moment after the port is free: a
-// start that fails at once is tried again, a bounded number of times.
+// (Kafka's data directory lock) for a moment after the port is free, and
+// on a loaded machine a JVM may take longer to answer than services.sh
+// waits for (it then finds the broker it started running but silent): a
+// start that fails is tried again, 2 s later, for up to 3 minutes.
 func (s *services) restart(ctx context.Context, service string) error {
 	var upErr error
-	for try := 0; try < 4; try++ {
+	deadline := time.Now().Add(3 * time.Minute)
+	for try := 1; ; try++ {
 		if upErr = s.up(ctx, service); upErr == nil {
 			return nil
 		}
-		fmt.Fprintf(errOut, "chaos: %s restart failed (try %d), retrying: %v\n", service, try+1, upErr)
+		if time.Now().After(deadline) {
+			return upErr
+		}
+		fmt.Fprintf(errOut, "chaos: %s restart failed (try %d), retrying: %v\n", service, try, upErr)
 		time.Sleep(2 * time.Second)
 	}
-	return upErr
 }
 
 // up runs `services.sh up` for one service, bounded by 3 minutes.

@@ -40,7 +40,8 @@ func (s *soakStats) samplePG(ctx context.Context, e *env) pgSample {
 	}
 	for _, t := range soakTables {
 		var n int64
-		if err := e.admin.QueryRow(ctx, `SELECT coalesce(sum(pg_total_relation_size(relid)), 0)::bigint FROM pg_partition_tree($1::regclass)`,
+		if err := e.admin.QueryRow(ctx, `SELECT (pg_total_relation_size($1::regclass) + coalesce((SELECT sum(pg_total_relation_size(relid))
+			FROM pg_partition_tree($1::regclass) WHERE relid <> $1::regclass), 0))::bigint`,
 			e.schema+"."+t).Scan(&n); err != nil {
 			return p
 		}
