@@ -249,14 +249,6 @@ func (n *natsServer) shutdown() {
 	}
 }
 
-// restart shuts the server down (JetStream flushes its file store) and
-// starts a new one on the same port and store after down.
-func (n *natsServer) restart(down time.Duration) error {
-	n.shutdown()
-	time.Sleep(down)
-	return n.start()
-}
-
 // netFaults is an in-process TCP fault proxy (toxiproxy) between the
 // consumers and HTTP server and Postgres and Redis: one proxy per node
 // (two of each with a standby). It listens on 127.0.0.1 only.
