@@ -57,6 +57,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/benchresults"
 )
@@ -124,6 +126,7 @@ func soak(ctx context.Context, o options) int {
 	defer logFile.Close()
 	stats := newSoakStats(so, logFile)
 	errOut = stats.parent.logWriter()
+	redis.SetLogger(redisLog{})
 	sk := &soakRun{so: so, stats: stats}
 	fmt.Printf("soak: %s, %d events/s per front, a fault every %s; workers' and services' logs in %s\n",
 		so.duration, so.rate, so.faultEvery, logPath)
@@ -150,6 +153,14 @@ func soak(ctx context.Context, o options) int {
 		return 1
 	}
 	return 0
+}
+
+// redisLog sends go-redis's log lines (this process's clients') to errOut,
+// where they are counted, as the workers' are.
+type redisLog struct{}
+
+func (redisLog) Printf(_ context.Context, format string, v ...any) {
+	fmt.Fprintf(errOut, "redis: "+format+"\n", v...)
 }
 
 // soakSizes sets the run's sizes from the rate and duration, every front

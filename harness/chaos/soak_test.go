@@ -108,3 +108,19 @@ func TestSoakLogStorm(t *testing.T) {
 		t.Fatal("550 lines in a minute is no storm")
 	}
 }
+
+// The parent is measured like the workers and judged on nothing: its
+// bookkeeping grows by design.
+func TestSoakParentNotJudged(t *testing.T) {
+	s := &soakStats{so: soakOptions{warmup: 2 * time.Minute, heapGrowth: 30, heapFloor: 4, countMargin: 25, logStorm: 10}}
+	p := series(60, func(i int) (int64, int64) { return int64(40+i) << 20, int64(1000 + 10*i) })
+	p.parent = true
+	p.samples[30].logLines = 500
+	v := s.verdict(p)
+	if len(v.checks) == 0 || !v.checks[0].rising || v.note == "" {
+		t.Fatalf("parent: %+v", v)
+	}
+	if len(leaks(v)) > 0 || v.logStorm {
+		t.Fatalf("the parent was judged: %+v", v)
+	}
+}

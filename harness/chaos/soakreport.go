@@ -275,10 +275,6 @@ func (s *soakStats) verdict(p *procStats) procVerdict {
 		byInc[x.incarnation] = append(byInc[x.incarnation], x)
 	}
 	v.restarts = len(byInc) - 1
-	if p.parent {
-		v.note = "reported, not judged (see soak.go)"
-		return v
-	}
 	var inc []procSample
 	for _, xs := range byInc {
 		if len(xs) > len(inc) {
@@ -314,6 +310,14 @@ func (s *soakStats) verdict(p *procStats) procVerdict {
 		{"conns", func(x procSample) int64 { return x.conns }, 5},
 	} {
 		v.checks = append(v.checks, s.leak(m.name, warm, after, m.get, m.floor))
+	}
+	if p.parent {
+		// Measured like the others, judged on nothing: see soak.go.
+		for i := range v.checks {
+			v.checks[i].leak = false
+		}
+		v.logStorm = false
+		v.note = "reported, not judged (see soak.go)"
 	}
 	return v
 }
@@ -363,7 +367,7 @@ func median(xs []float64) float64 {
 func (s *soakStats) printVerdict(w io.Writer, sum *summary, runErr error) {
 	leaks, storms, judged := 0, 0, 0
 	for _, v := range s.verdicts() {
-		if len(v.checks) > 0 {
+		if len(v.checks) > 0 && v.note == "" {
 			judged++
 		}
 		for _, c := range v.checks {

@@ -122,8 +122,8 @@ func (s *summary) printTransports(w io.Writer) {
 func (s *summary) printFaults(w io.Writer) {
 	fmt.Fprintf(w, "faults injected:\n")
 	kinds := append([]string(nil), faultOrder...)
-	for _, f := range haFaultOrder {
-		if s.asked[f] > 0 || s.faults[f] > 0 {
+	for i, f := range haFaultOrder {
+		if s.asked[f] > 0 || s.faults[f] > 0 || s.ha[[]string{"postgres", "redis", "nats"}[i]] {
 			kinds = append(kinds, f)
 		}
 	}
