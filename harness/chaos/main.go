@@ -51,22 +51,24 @@
 //     resent, so each must then run exactly once; and the janitor purges
 //     short-lived rows of another scope during the run;
 //   - failovers, each on a service with a standby the run starts itself
-//     (harness/testsvc), off unless asked for:
-//     -pg-failovers: the run's database is a Postgres primary with a
-//     synchronous streaming standby; every process reaches it through a
-//     multi-host connection string with target_session_attrs=read-write
-//     (through the fault proxy, one proxy per node); the primary is
-//     SIGKILLed, the standby promoted and the dead node rebuilt as the new
-//     standby. -pg-crashes then SIGKILL the primary and restart it in place.
-//     -redis-failovers: the ledgers' Redis is a master, a replica and three
-//     sentinels, reached through the Sentinel failover client (and the
-//     fault proxy, one proxy per data node); the master is SIGKILLed, the
-//     sentinels promote the replica, and the dead node comes back as its
-//     replica. -redis-outages then kill the master and restart it at once.
-//     -nats-leader-kills: NATS is a three-node JetStream cluster embedded
-//     in this process, every stream with Replicas 3; the node leading the
-//     stream is killed, a new leader elected, and the node restarted on its
-//     file store. -nats-restarts then restart a node that leads nothing;
+//     (harness/testsvc), off unless asked for. Postgres failovers
+//     (-pg-failovers): the run's database is a primary with a synchronous
+//     streaming standby, which every process reaches through a multi-host
+//     connection string with target_session_attrs=read-write (through the
+//     fault proxy, one proxy per node); the primary is SIGKILLed, the standby
+//     promoted and the dead node rebuilt as the new standby; -pg-crashes then
+//     SIGKILL the primary and restart it in place;
+//   - Redis Sentinel failovers (-redis-failovers): the ledgers' Redis is a
+//     master, a replica and three sentinels, reached through the Sentinel
+//     failover client (and the fault proxy, one proxy per data node); the
+//     master is SIGKILLed, the sentinels promote the replica, and the dead
+//     node comes back as its replica; -redis-outages then kill the master and
+//     restart it at once;
+//   - NATS leader kills (-nats-leader-kills): NATS is a three-node JetStream
+//     cluster embedded in this process, every stream with Replicas 3; the
+//     node leading the stream is killed, a new leader elected, and the node
+//     restarted on its file store; -nats-restarts then restart a node that
+//     leads nothing;
 //   - more fronts (-transports): franz (a franzinbox consumer group on a
 //     topic of its own) and grpc (the gRPC bridge in child processes,
 //     clients retrying with grpcretry and a key per call, -grpc-keys).
