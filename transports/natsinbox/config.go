@@ -118,9 +118,6 @@ type Config struct {
 	// Unused when Processor.DeadLetter is set.
 	DeadLetterSubject string
 
-	// beforeAck, for tests, is called after the ledger's transaction
-	// committed and before the message is acked.
-	beforeAck func(*consumer.Message)
 	// ready, for tests, is called once the subscription or the JetStream
 	// consumer is in place.
 	ready func()

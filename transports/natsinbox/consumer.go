@@ -187,9 +187,6 @@ func (c *Consumer) settle(m jetstream.Msg, msg *consumer.Message, d consumer.Dec
 	var err error
 	switch d.Action {
 	case consumer.Ack:
-		if c.cfg.beforeAck != nil {
-			c.cfg.beforeAck(msg)
-		}
 		switch {
 		case d.DeadLettered:
 			err = m.TermWithReason(termReason(msg, d.Err))
