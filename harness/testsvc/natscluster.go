@@ -53,9 +53,11 @@ const NATSAccount = server.DEFAULT_GLOBAL_ACCOUNT
 func StartNATSCluster(t testing.TB) *NATSCluster {
 	t.Helper()
 	c := &NATSCluster{t: t}
+	// The store's directory first: cleanups run last-in first-out, so the
+	// nodes stop before their files are removed.
+	dir := t.TempDir()
 	t.Cleanup(c.stopAll)
 	ports := lowPorts(t, 2*NATSClusterSize)
-	dir := t.TempDir()
 	for i := range c.nodes {
 		n := &natsNode{index: i, clientPort: ports[i], clusterPort: ports[NATSClusterSize+i]}
 		n.proxy = Proxy(t, "127.0.0.1:"+strconv.Itoa(n.clusterPort))
