@@ -176,6 +176,10 @@ func (s *plainStore) insertMany(p insertManyParams) (queuedStmt, error) {
 	return insertManyWith(s.insertManySQL, p)
 }
 
+// claimsRunUpFront: a run's keys are locked and looked up together, and
+// their rows written by one INSERT with the commit, as DoBatch's.
+func (s *plainStore) claimsRunUpFront() bool { return true }
+
 // claimInRun: the claim statement in the round trip b opens; a key not
 // claimed then frees its lock and reads its row, in a second.
 func (s *plainStore) claimInRun(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, p claimParams, c *claimedScan) (claimRow, error) {
