@@ -26,9 +26,9 @@ type RunLimits struct {
 // is not empty. It is how the fronts batch: they pass what is waiting and
 // settle what it decided before calling it again with the rest.
 //
-// Several messages run in one transaction, each message's claim and
-// handler in its own savepoint (inbox.Ledger.DoEach), and commit together.
-// A message whose handler fails (an error, a panic, nil returned on a
+// Several messages run in one transaction (inbox.Ledger.DoEach: their keys
+// claimed together, each handler as if in a savepoint of its own), and
+// commit together. A message whose handler fails (an error, a panic, nil returned on a
 // failed statement) is rolled back alone: the messages before it commit,
 // and the run ends with its Decision (a counted Retry, or a dead letter),
 // so that the caller retries it in place (Retry) before the messages
