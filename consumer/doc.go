@@ -46,6 +46,12 @@
 //     refused the setup) or failed for good. Broker and database errors
 //     while running are retried and logged, never returned: messages
 //     wait, they are not skipped.
+//   - Before it consumes, Run measures how long the broker may still
+//     deliver a message (Kafka: retention.ms + segment.ms; JetStream:
+//     MaxAge) against how long the ledger keeps its ID, reports it to
+//     Hooks.OnHorizon, and warns, or with Config.Horizon HorizonRefuse
+//     returns a *HorizonError (ErrRedeliveryHorizon). A check that could
+//     not be made is logged and never stops Run.
 //   - Run may be called once; a second call returns ErrRunOnce.
 //   - Everything is logged through the ledger's logger
 //     (inbox.Config.Logger).

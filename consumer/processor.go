@@ -35,6 +35,10 @@ type Hooks struct {
 	OnRetry func(m *Message, err error)
 	// OnDeadLetter: the message was dead-lettered after m.Attempt attempts.
 	OnDeadLetter func(m *Message, cause error)
+	// OnHorizon: a front's Run, at start, measured a topic's (or
+	// stream's) redelivery horizon against the ledger's TTL (see
+	// Config.Horizon); once per topic, before Run consumes.
+	OnHorizon func(h Horizon)
 }
 
 // DefaultBackoffMax is the longest wait between a message's attempts when
@@ -62,9 +66,19 @@ type Config struct {
 	// nats, ...).
 	Source inbox.Source
 	// TTL of ledger rows; 0 uses the ledger default. Keep it longer than
-	// the redelivery horizon (Kafka retention you may replay, JetStream
-	// MaxAge).
+	// the redelivery horizon: how long the broker may still deliver a
+	// message (Kafka: the topic's retention.ms plus segment.ms; JetStream:
+	// the stream's MaxAge). See Horizon.
 	TTL time.Duration
+	// Horizon is what the consumer fronts do when Run starts: they ask
+	// the broker how long it keeps the messages they consume (and how far
+	// behind their group is), compare it with TTL, report it to
+	// Hooks.OnHorizon, and with HorizonWarn (the default) log a warning
+	// when the broker may deliver a message after the ledger forgot its
+	// ID, or with HorizonRefuse return a *HorizonError from Run instead of
+	// consuming. HorizonOff asks nothing. A check that could not be made
+	// is logged; it never stops Run.
+	Horizon HorizonPolicy
 	// MaxAttempts before dead-lettering: failures of the handler (an error,
 	// a panic, a data or constraint error, a transaction it left aborted, a
 	// deferred constraint failing at COMMIT) count. Default 5.
@@ -130,6 +144,9 @@ func New(cfg Config, h Handler) (*Processor, error) {
 	}
 	if cfg.Scope == "" {
 		return nil, fmt.Errorf("%w: Scope is empty", inbox.ErrConfig)
+	}
+	if cfg.Horizon > HorizonOff {
+		return nil, fmt.Errorf("%w: unknown Horizon %s", inbox.ErrConfig, cfg.Horizon)
 	}
 	if h == nil {
 		return nil, fmt.Errorf("%w: nil handler", inbox.ErrConfig)

@@ -1,6 +1,7 @@
 package grpcbridge
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"strings"
@@ -35,6 +36,13 @@ const (
 	// DefaultClockSkew is the clock difference between clients and servers
 	// that first_sent checks allow.
 	DefaultClockSkew = time.Minute
+	// DefaultExpiresKey is the trailer metadata that says until when the
+	// call's key is remembered, the one grpcretry reads.
+	DefaultExpiresKey = grpcretry.DefaultExpiresKey
+	// DefaultMinTTL is the shortest TTL New accepts for a method without
+	// MethodConfig.AllowShortTTL: AEP-155 asks servers to honour keys for
+	// at least an hour.
+	DefaultMinTTL = time.Hour
 )
 
 // Config configures a Bridge: the ledger, what every method shares, and
@@ -89,6 +97,50 @@ type Config struct {
 	// ClockSkew is how far a client's clock may differ from the server's
 	// in first_sent checks. Default 1 minute.
 	ClockSkew time.Duration
+
+	// ExpiresKey names the trailer metadata that tells the client until
+	// when its key is remembered, an RFC 3339 time rounded down to the
+	// second: past it a call with the key runs as a new one. It is on
+	// every answer that concerns a recorded key: a first run whose answer
+	// was stored, a replay, a call in flight (then a lower bound: the
+	// key's first call is at most HandlerTimeout old), a key reused with
+	// another request, a key run elsewhere or failed. A trailer, so that
+	// error answers carry it too. grpcretry stops retrying a key once it
+	// has expired. Default DefaultExpiresKey ("idempotency-key-expires").
+	ExpiresKey string
+	// MaxKeyLen is the longest key accepted, in bytes (1 to 255). Default
+	// 255. KeyAEP methods take at most 36, and methods that isolate keys
+	// per principal at most 231 (see KeyAny).
+	MaxKeyLen int
+	// MinTTL is the shortest TTL (MethodConfig.TTL, or the ledger's
+	// default) New accepts for a method, unless the method sets
+	// AllowShortTTL: AEP-155's minimum lifetime. Default DefaultMinTTL (1
+	// hour).
+	MinTTL time.Duration
+
+	// LegacyFingerprints stores fingerprints as releases before detailed
+	// fingerprints did (a digest of the whole call, 33 bytes): an
+	// IDEMPOTENCY_KEY_REUSED answer then names no differences. Set it
+	// while instances of such a release serve the same ledger (a rolling
+	// upgrade); unset it once every instance runs this release. Keys
+	// stored that way are always recognised.
+	LegacyFingerprints bool
+
+	// OnObserve, when set, is told what an observe-mode method
+	// (MethodConfig.Observe) would have done with each call it let
+	// through: the full method name and one of
+	//
+	//	would_run                 a new key: the handler would have run, as it did
+	//	would_replay              a known key (completed, failed for good, or run by a
+	//	                          consumer or over HTTP): answered from the ledger
+	//	would_refuse_missing_key  no key on a Required method: InvalidArgument
+	//	would_refuse_invalid_key  a key or first_sent the method refuses: InvalidArgument
+	//	would_conflict            a key in flight: Aborted
+	//	would_mismatch            a known key with another request: IDEMPOTENCY_KEY_REUSED
+	//
+	// Calls without a key on an optional method are not observed. The
+	// collector of package metrics gives one (BridgeCollector.Observer).
+	OnObserve func(method, would string)
 }
 
 // KeySource says where a method's key is read.
@@ -112,10 +164,11 @@ type KeyFormat uint8
 
 // Key formats.
 const (
-	// KeyAny accepts printable ASCII, 1 to 255 bytes; 1 to 231 on a
-	// method that isolates keys per principal (Config.Principal set and
-	// MethodConfig.PrincipalKeys inbox.PrincipalIsolated, the default), as
-	// the ledger ID also holds the principal's digest. The limit is the
+	// KeyAny accepts printable ASCII, 1 to MaxKeyLen bytes (255 by
+	// default); at most 231 on a method that isolates keys per principal
+	// (Config.Principal set and MethodConfig.PrincipalKeys
+	// inbox.PrincipalIsolated, the default), as the ledger ID also holds
+	// the principal's digest. The limit is the
 	// method's: it holds on every call, also one whose principal is "".
 	KeyAny KeyFormat = iota
 	// KeyUUID accepts only UUIDs (8-4-4-4-12 hex digits, any version),
@@ -146,12 +199,43 @@ type MethodConfig struct {
 	Field string
 	// KeyFormat restricts the keys accepted. Default KeyAny.
 	KeyFormat KeyFormat
+	// MaxKeyLen is the longest key the method accepts, in bytes (1 to
+	// 255): 128 for APIs whose contract says so, say. 0: Config.MaxKeyLen.
+	MaxKeyLen int
+	// KeyValidator, when set, checks each key the method accepts
+	// otherwise (after KeyFormat): a format such as
+	// "{user}:{operation}:{resource}:{timestamp}". A key it refuses is
+	// answered InvalidArgument (IDEMPOTENCY_KEY_INVALID) with its error's
+	// text as the message and the BadRequest description: write it for
+	// the client, and without the key.
+	KeyValidator func(key string) error
 	// RequireFirstSent answers InvalidArgument to a keyed call without
 	// first_sent. Default false.
 	RequireFirstSent bool
 	// TTL is how long a key is remembered. 0: the ledger's default (24 h).
-	// AEP-155 asks for at least an hour.
+	// New refuses a TTL under Config.MinTTL (1 hour, AEP-155's minimum)
+	// unless AllowShortTTL. Every answer about a key says when it expires
+	// (Config.ExpiresKey).
 	TTL time.Duration
+	// AllowShortTTL lets the method's TTL be under Config.MinTTL, for a
+	// method whose clients are told, and retry within, a shorter window.
+	AllowShortTTL bool
+	// KeyRate, when set, limits how many new keys each tenant starts per
+	// window on this method (see inbox.KeyRate): a new key over the limit
+	// is answered ResourceExhausted (KEY_RATE_EXCEEDED) with a RetryInfo
+	// delay until the window ends, and leaves nothing behind; replays are
+	// never limited.
+	KeyRate *inbox.KeyRate
+	// Observe runs the method as if the bridge were absent, to roll it out
+	// without risk: every call reaches the handler as it came (no refusal
+	// of a missing or invalid key or first_sent, no replay, no Aborted, no
+	// transaction from the bridge: Tx returns nil, and the handler's
+	// metadata goes out as it sets it), while the ledger records each
+	// keyed call's key and fingerprint, under the scope Scope + "~observe",
+	// so that Config.OnObserve and the log say what enforcing would have
+	// done: a missing or invalid key at WARN, a replay, a conflict or a
+	// mismatch at INFO. KeyRate does not apply.
+	Observe bool
 	// LockWait is how long a duplicate waits for the call holding its key
 	// to finish (then it gets the replay) before answering Aborted. 0:
 	// answer at once.
@@ -208,7 +292,7 @@ func (c Config) Validate() error {
 			return fmt.Errorf("%w (method %s)", err, name)
 		}
 	}
-	for _, k := range []string{c.MetadataKey, c.FirstSentKey, c.ReplayHeader} {
+	for _, k := range []string{c.MetadataKey, c.FirstSentKey, c.ReplayHeader, c.ExpiresKey} {
 		if k != "" && !validMetadataKey(k) {
 			return configErr("invalid metadata key %q", k)
 		}
@@ -220,6 +304,10 @@ func (c Config) Validate() error {
 		return configErr("HandlerTimeout is negative")
 	case c.ClockSkew < 0:
 		return configErr("ClockSkew is negative")
+	case c.MinTTL < 0:
+		return configErr("MinTTL is negative")
+	case c.MaxKeyLen < 0 || c.MaxKeyLen > inbox.MaxPartLen:
+		return configErr("MaxKeyLen %d is outside 1..255", c.MaxKeyLen)
 	}
 	return nil
 }
@@ -238,6 +326,8 @@ func (mc MethodConfig) validate() error {
 		return configErr("unknown KeyFormat %d", mc.KeyFormat)
 	case mc.Field != "" && mc.Key != KeyFromMessage:
 		return configErr("Field is set but Key is not KeyFromMessage")
+	case mc.MaxKeyLen < 0 || mc.MaxKeyLen > inbox.MaxPartLen:
+		return configErr("MaxKeyLen %d is outside 1..255", mc.MaxKeyLen)
 	}
 	for _, k := range mc.FingerprintMetadata {
 		if !validMetadataKey(k) {
@@ -276,7 +366,8 @@ func configErr(format string, args ...any) error {
 
 // spec is the method's key policy, as the bridges share it.
 func (mc MethodConfig) spec() bridgereq.Spec {
-	return bridgereq.Spec{Scope: mc.Scope, Source: Source, TTL: mc.TTL, LockWait: mc.LockWait, Principal: mc.PrincipalKeys}
+	return bridgereq.Spec{Scope: mc.Scope, Source: Source, TTL: mc.TTL, LockWait: mc.LockWait, Principal: mc.PrincipalKeys,
+		KeyRate: mc.KeyRate, Observe: mc.Observe}
 }
 
 // method is a MethodConfig with its defaults applied.
@@ -284,6 +375,7 @@ type method struct {
 	MethodConfig
 	spec      bridgereq.Spec
 	maxKeyLen int
+	ttl       time.Duration // TTL, or the ledger's; set by New
 }
 
 func newMethod(mc MethodConfig, c *Config) *method {
@@ -293,9 +385,9 @@ func newMethod(mc MethodConfig, c *Config) *method {
 	if mc.Key == KeyFromMessage && mc.Field == "" {
 		mc.Field = DefaultField
 	}
-	limit := inbox.MaxPartLen
+	limit := cmp.Or(mc.MaxKeyLen, c.MaxKeyLen, inbox.MaxPartLen)
 	if mc.KeyFormat == KeyAEP {
-		limit = 36
+		limit = min(limit, 36)
 	}
 	m := &method{MethodConfig: mc, spec: mc.spec()}
 	m.maxKeyLen = m.spec.MaxKeyLen(limit, c.Principal != nil)

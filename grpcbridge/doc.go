@@ -41,7 +41,10 @@
 //  3. The fingerprint is computed: a versioned SHA-256 of the full method
 //     name, the request's deterministic protobuf encoding with the
 //     idempotency field cleared (so retries with another first_sent still
-//     match), and the MethodConfig.FingerprintMetadata.
+//     match), and the MethodConfig.FingerprintMetadata, followed by short
+//     digests of each field (by JSON pointer over the message's JSON
+//     mapping, "message:/quantity") and metadata key, so that a key
+//     reused with another request can be told what differs.
 //  4. The ledger claims the key (scope, tenant, key) in a transaction and
 //     runs the handler in it; the handler gets it from Tx. The answer
 //     (response message or status, with the header and trailer metadata
@@ -67,12 +70,22 @@
 //	first_sent other than the first's    InvalidArgument     FIRST_SENT_CHANGED, BadRequest
 //	first_sent unreadable / missing      InvalidArgument     FIRST_SENT_INVALID / FIRST_SENT_MISSING
 //	same key, call in flight             Aborted             REQUEST_IN_PROGRESS, RetryInfo
-//	same key, another request            InvalidArgument     IDEMPOTENCY_KEY_REUSED, BadRequest
+//	same key, another request            InvalidArgument     IDEMPOTENCY_KEY_REUSED (metadata differences), BadRequest
 //	same key, same request, completed    the stored answer   header metadata idempotent-replayed: true
 //	key run by a consumer or over HTTP   AlreadyExists       ALREADY_PROCESSED (metadata source), replayed
 //	key a consumer dead-lettered         FailedPrecondition  KEY_FAILED (metadata source), replayed
 //	store unavailable                    Unavailable         STORE_UNAVAILABLE, RetryInfo
 //	handler's transaction not committed  Internal            NOT_COMMITTED
+//	new key over MethodConfig.KeyRate    ResourceExhausted   KEY_RATE_EXCEEDED, RetryInfo
+//
+// Every answer about a recorded key carries, in its trailer metadata, when
+// the key expires ("idempotency-key-expires", RFC 3339; Config.ExpiresKey):
+// past it the same key runs as a new call, so grpcretry stops retrying a
+// key there. The differences of IDEMPOTENCY_KEY_REUSED ("message:/item",
+// "metadata:api-version") are in its ErrorInfo metadata "differences" and
+// its BadRequest violations, never the values. Refused keys are logged at
+// WARN and replays at INFO, with the peer's address and user agent, keys
+// masked.
 //
 // A key reused with another request is InvalidArgument rather than
 // AlreadyExists: the call as sent is wrong and will never succeed, and
@@ -115,7 +128,9 @@
 //     keeps a key for the method's TTL (the ledger's default, 24 h, when
 //     0) from when it first saw it, which is no earlier than first_sent -
 //     ClockSkew; past that point the key may be forgotten, and honouring it
-//     could run the call twice. AEP-155 asks for at least an hour of TTL.
+//     could run the call twice. AEP-155 asks for at least an hour of TTL:
+//     New refuses a method whose TTL is under Config.MinTTL (an hour)
+//     unless it sets AllowShortTTL.
 //   - a retry whose first_sent differs from the one stored with the key's
 //     answer: refused (FIRST_SENT_CHANGED).
 //
@@ -136,6 +151,14 @@
 // two; a method whose keys are shared with a consumer sets
 // inbox.PrincipalShared.
 //
+// # Rolling out
+//
+// MethodConfig.Observe runs a method as if the bridge were absent: every
+// call reaches the handler as it came, while the ledger records keys and
+// fingerprints (under the scope Scope + "~observe") so that the log and
+// Config.OnObserve (a metric of package metrics) say what enforcing would
+// have done.
+//
 // # Client side
 //
 // The client half is package grpcretry, which links no database driver:
@@ -144,5 +167,6 @@
 // and otherwise in the metadata this package reads by default, and
 // retries Aborted, Unavailable, ResourceExhausted, Internal, Unknown and
 // DeadlineExceeded (while the caller's context lives) with the same key,
-// honouring RetryInfo.
+// honouring RetryInfo, until the key's expiry is near
+// (grpcretry.ErrOutcomeUnknown).
 package grpcbridge

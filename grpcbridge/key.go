@@ -51,6 +51,7 @@ const (
 	reasonFailed     = "KEY_FAILED"
 	reasonStoreDown  = "STORE_UNAVAILABLE"
 	reasonNotCommit  = "NOT_COMMITTED"
+	reasonKeyRate    = "KEY_RATE_EXCEEDED"
 )
 
 // parseKey checks a key against a format: printable ASCII (0x20 to 0x7e),
@@ -118,6 +119,7 @@ func checkFirstSent(fs, now time.Time, ttl, skew time.Duration, field string) *k
 // callKey is the key of a call, as read.
 type callKey struct {
 	key       string
+	raw       string    // the key as sent, for a masked log line of a refused one
 	firstSent time.Time // zero when absent
 	keyField  string    // where the key was read, for error details
 	fsField   string    // where first_sent was read
@@ -137,6 +139,7 @@ func (b *Bridge) keyFromMetadata(md metadata.MD, m *method) (ck callKey, present
 	if len(keys) > 1 {
 		return ck, false, &keyProblem{reasonInvalid, b.metadataKey, fmt.Sprintf("%s is given %d times", b.metadataKey, len(keys))}
 	}
+	ck.raw = keys[0]
 	if ck.key, err = parseKey(keys[0], m.KeyFormat, m.maxKeyLen); err != nil {
 		return ck, false, &keyProblem{reasonInvalid, b.metadataKey, err.Error()}
 	}
@@ -211,6 +214,7 @@ func keyFromMessage(req any, m *method) (ck callKey, present bool, err error) {
 		}
 		return ck, false, nil
 	}
+	ck.raw = key
 	if ck.key, err = parseKey(key, m.KeyFormat, m.maxKeyLen); err != nil {
 		return ck, false, &keyProblem{reasonInvalid, field, err.Error()}
 	}

@@ -10,10 +10,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/peer"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/durationpb"
 
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/bridgereq"
@@ -33,6 +36,7 @@ type Bridge struct {
 	metadataKey  string
 	firstSentKey string
 	replayHeader string
+	expiresKey   string
 }
 
 // New returns a Bridge for cfg, or an error matching inbox.ErrConfig.
@@ -49,16 +53,25 @@ func New(cfg Config) (*Bridge, error) {
 	if cfg.ClockSkew == 0 {
 		cfg.ClockSkew = DefaultClockSkew
 	}
+	cfg.MinTTL = or(cfg.MinTTL, DefaultMinTTL)
 	b := &Bridge{
 		cfg: cfg, log: cfg.Ledger.Logger(), methods: map[string]*method{},
 		metadataKey: or(cfg.MetadataKey, DefaultMetadataKey), firstSentKey: or(cfg.FirstSentKey, DefaultFirstSentKey),
-		replayHeader: or(cfg.ReplayHeader, DefaultReplayHeader),
+		replayHeader: or(cfg.ReplayHeader, DefaultReplayHeader), expiresKey: or(cfg.ExpiresKey, DefaultExpiresKey),
 	}
 	for name, mc := range cfg.Methods {
-		if ttl := or(mc.TTL, cfg.Ledger.DefaultTTL()); !mc.Off && ttl <= 2*cfg.ClockSkew {
+		ttl := or(mc.TTL, cfg.Ledger.DefaultTTL())
+		switch {
+		case mc.Off:
+		case ttl <= 2*cfg.ClockSkew:
 			return nil, configErr("method %s: TTL %s must be over twice ClockSkew (%s)", name, ttl, cfg.ClockSkew)
+		case ttl < cfg.MinTTL && !mc.AllowShortTTL:
+			return nil, configErr("method %s: TTL %s is under MinTTL %s (AEP-155's minimum lifetime); set AllowShortTTL if clients retry within it",
+				name, ttl, cfg.MinTTL)
 		}
-		b.methods[name] = newMethod(mc, &cfg)
+		m := newMethod(mc, &cfg)
+		m.ttl = ttl
+		b.methods[name] = m
 	}
 	return b, nil
 }
@@ -95,6 +108,9 @@ func (b *Bridge) UnaryServerInterceptor() grpc.UnaryServerInterceptor {
 		if m == nil || m.Off {
 			return handler(ctx, req)
 		}
+		if m.Observe {
+			return b.observe(ctx, req, info.FullMethod, m, handler)
+		}
 		return b.serve(ctx, req, info.FullMethod, m, handler)
 	}
 }
@@ -114,45 +130,30 @@ type panicked struct {
 
 func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, handler grpc.UnaryHandler) (any, error) {
 	md, _ := metadata.FromIncomingContext(ctx) // a copy: read it once
-	var ck callKey
-	var present bool
-	var err error
-	if m.Key == KeyFromMessage {
-		ck, present, err = keyFromMessage(req, m)
-	} else {
-		ck, present, err = b.keyFromMetadata(md, m)
-	}
+	ck, present, err := b.readKey(req, md, m)
 	var kp *keyProblem
 	var nf errNoField
 	switch {
 	case errors.As(err, &kp):
-		b.log.DebugContext(ctx, "justonce/grpcbridge: invalid key", "method", full, "reason", kp.msg)
+		b.log.WarnContext(ctx, "justonce/grpcbridge: invalid key",
+			b.attrs(ctx, md, "method", full, "reason", kp.msg, "key", inbox.Mask(ck.raw))...)
 		return nil, invalidKey(kp)
 	case errors.As(err, &nf):
 		b.log.ErrorContext(ctx, "justonce/grpcbridge: method misconfigured", "method", full, "err", err)
 		return nil, status.Error(codes.Internal, "the server cannot read this method's idempotency key")
 	case !present && m.Required:
-		field := b.metadataKey + " metadata"
-		if m.Key == KeyFromMessage {
-			field = m.Field + ".key"
-		}
-		return nil, invalidKey(&keyProblem{reasonMissing, field,
-			"this method requires an idempotency key (" + field + "), unique per operation"})
+		b.log.WarnContext(ctx, "justonce/grpcbridge: missing key", b.attrs(ctx, md, "method", full)...)
+		return nil, invalidKey(b.missingKey(m))
 	case !present:
 		return b.serveKeyless(ctx, req, full, m, handler)
 	}
-	if ck.firstSent.IsZero() && m.RequireFirstSent {
-		return nil, invalidKey(&keyProblem{reasonFSMissing, ck.fsField, "this method requires first_sent (" + ck.fsField + ") with the key"})
-	}
-	ttl := or(m.TTL, b.cfg.Ledger.DefaultTTL())
-	if !ck.firstSent.IsZero() {
-		if p := checkFirstSent(ck.firstSent, time.Now(), ttl, b.cfg.ClockSkew, ck.fsField); p != nil {
-			b.log.DebugContext(ctx, "justonce/grpcbridge: first_sent refused", "method", full, "reason", p.msg)
-			return nil, invalidKey(p)
-		}
+	if p := b.checkFirstSent(ck, m); p != nil {
+		b.log.WarnContext(ctx, "justonce/grpcbridge: first_sent refused",
+			b.attrs(ctx, md, "method", full, "reason", p.msg, "key", inbox.Mask(ck.key))...)
+		return nil, invalidKey(p)
 	}
 
-	fp, err := fingerprint(full, req, m, md)
+	fp, err := b.callFingerprint(full, req, m, md)
 	if err != nil {
 		b.log.ErrorContext(ctx, "justonce/grpcbridge: fingerprint", "method", full, "err", err)
 		return nil, status.Error(codes.Internal, "the request cannot be fingerprinted")
@@ -161,6 +162,8 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 	if err != nil {
 		var ke *bridgereq.KeyError
 		if errors.As(err, &ke) {
+			b.log.WarnContext(ctx, "justonce/grpcbridge: invalid key",
+				b.attrs(ctx, md, "method", full, "reason", ke.Error(), "key", inbox.Mask(ck.key))...)
 			return nil, invalidKey(&keyProblem{reasonInvalid, ck.keyField, ke.Error()})
 		}
 		b.log.ErrorContext(ctx, "justonce/grpcbridge: key rejected by the ledger", "key", r.Key.String(), "err", err)
@@ -178,7 +181,7 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 	var resp any
 	var herr error
 	var pv *panicked
-	out, err := b.cfg.Ledger.Do(hctx, r, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+	out, err := m.spec.Do(hctx, b.cfg.Ledger, &r, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 		resp, pv, herr = run(bridgereq.WithTx(ctx, tx), req, handler)
 		switch {
 		case pv != nil:
@@ -197,11 +200,20 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 		}
 		return res, nil
 	})
+	var kre *inbox.KeyRateError
+	errors.As(err, &kre)
 	switch {
 	case pv != nil:
 		b.log.ErrorContext(ctx, "justonce/grpcbridge: handler panicked; rolled back, key released",
 			"key", r.Key.String(), "panic", fmt.Sprint(pv.value), "stack", string(pv.stack))
 		panic(pv.value)
+	case kre != nil:
+		b.log.InfoContext(ctx, "justonce/grpcbridge: new-key rate limit reached",
+			b.attrs(ctx, md, "key", r.Key.String(), "limit", kre.Limit, "window", kre.Window.String())...)
+		return nil, withDetails(codes.ResourceExhausted,
+			fmt.Sprintf("this tenant started %d new keys here in the current window of %s, the limit; nothing was recorded, "+
+				"call again with the same key after the RetryInfo delay", kre.Limit, kre.Window),
+			errorInfo(reasonKeyRate, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(kre.RetryAfter)})
 	case err != nil && isPlain(herr) && errors.Is(err, herr) && !inbox.IsTransient(err):
 		b.log.DebugContext(ctx, "justonce/grpcbridge: handler failed, rolled back", "key", r.Key.String(), "err", herr)
 		b.flush(ctx, bs)
@@ -215,11 +227,70 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 		return nil, status.Error(codes.Internal, "the answer cannot be stored; nothing was done")
 	case err != nil:
 		return nil, b.failure(r, err)
-	case out.Disposition == inbox.Executed:
+	}
+	if exp, ok := bridgereq.Expiry(out, time.Now(), m.ttl, b.cfg.HandlerTimeout); ok {
+		_ = grpc.SetTrailer(ctx, metadata.Pairs(b.expiresKey, exp.UTC().Truncate(time.Second).Format(time.RFC3339)))
+	}
+	if out.Disposition == inbox.Executed {
 		b.flush(ctx, bs)
 		return resp, herr
 	}
-	return b.answer(ctx, r, ck, out)
+	return b.answer(ctx, md, r, ck, out)
+}
+
+// readKey reads the call's key, where the method says, and applies its
+// KeyValidator.
+func (b *Bridge) readKey(req any, md metadata.MD, m *method) (ck callKey, present bool, err error) {
+	if m.Key == KeyFromMessage {
+		ck, present, err = keyFromMessage(req, m)
+	} else {
+		ck, present, err = b.keyFromMetadata(md, m)
+	}
+	if err == nil && present && m.KeyValidator != nil {
+		if verr := m.KeyValidator(ck.key); verr != nil {
+			msg := verr.Error()
+			if msg == "" {
+				msg = "the key is not of the form this method requires"
+			}
+			return ck, false, &keyProblem{reasonInvalid, ck.keyField, msg}
+		}
+	}
+	return ck, present, err
+}
+
+// missingKey is the problem of a call without a key on a Required
+// method.
+func (b *Bridge) missingKey(m *method) *keyProblem {
+	field := b.metadataKey + " metadata"
+	if m.Key == KeyFromMessage {
+		field = m.Field + ".key"
+	}
+	return &keyProblem{reasonMissing, field, "this method requires an idempotency key (" + field + "), unique per operation"}
+}
+
+// checkFirstSent applies RequireFirstSent and AEP-155's first_sent rules.
+func (b *Bridge) checkFirstSent(ck callKey, m *method) *keyProblem {
+	if ck.firstSent.IsZero() {
+		if m.RequireFirstSent {
+			return &keyProblem{reasonFSMissing, ck.fsField, "this method requires first_sent (" + ck.fsField + ") with the key"}
+		}
+		return nil
+	}
+	return checkFirstSent(ck.firstSent, time.Now(), m.ttl, b.cfg.ClockSkew, ck.fsField)
+}
+
+// attrs are a log line's attributes followed by the peer's address and
+// user agent.
+func (b *Bridge) attrs(ctx context.Context, md metadata.MD, kv ...any) []any {
+	addr := ""
+	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
+		addr = p.Addr.String()
+	}
+	ua := ""
+	if v := md.Get("user-agent"); len(v) > 0 {
+		ua = v[0]
+	}
+	return append(kv, bridgereq.Client(addr, ua)...)
 }
 
 // isPlain reports a handler's error that is not a gRPC status.
@@ -254,7 +325,7 @@ func (b *Bridge) flush(ctx context.Context, bs *bufferedStream) {
 }
 
 // answer handles an Outcome whose handler did not run now.
-func (b *Bridge) answer(ctx context.Context, r inbox.Request, ck callKey, out inbox.Outcome) (any, error) {
+func (b *Bridge) answer(ctx context.Context, md metadata.MD, r inbox.Request, ck callKey, out inbox.Outcome) (any, error) {
 	rec := out.Record
 	source := ""
 	if rec != nil {
@@ -262,7 +333,7 @@ func (b *Bridge) answer(ctx context.Context, r inbox.Request, ck callKey, out in
 	}
 	switch out.Disposition {
 	case inbox.InFlight:
-		b.log.DebugContext(ctx, "justonce/grpcbridge: in flight", "key", r.Key.String())
+		b.log.InfoContext(ctx, "justonce/grpcbridge: in flight", b.attrs(ctx, md, "key", r.Key.String())...)
 		return nil, b.retryable(codes.Aborted, reasonInProgress,
 			"a call with this key is being processed; retry after the RetryInfo delay with the same key")
 	case inbox.Mismatch:
@@ -271,16 +342,17 @@ func (b *Bridge) answer(ctx context.Context, r inbox.Request, ck callKey, out in
 			// another kind: answered as for that front's key, in flight,
 			// failed or done.
 			if rec.Status == inbox.StatusProcessing {
-				return b.answer(ctx, r, ck, inbox.Outcome{Disposition: inbox.InFlight, Record: rec})
+				return b.answer(ctx, md, r, ck, inbox.Outcome{Disposition: inbox.InFlight, Record: rec})
 			}
-			return b.answer(ctx, r, ck, inbox.Outcome{Disposition: inbox.Duplicate, Record: rec, Result: rec.Result})
+			return b.answer(ctx, md, r, ck, inbox.Outcome{Disposition: inbox.Duplicate, Record: rec, Result: rec.Result})
 		}
-		b.log.InfoContext(ctx, "justonce/grpcbridge: key reused with another request", "key", r.Key.String())
-		return nil, withDetails(codes.InvalidArgument,
-			"this key was used with a different request (method, message or metadata); use a new key for a new request",
-			errorInfo(reasonReused, nil), badRequest(ck.keyField, "reused with a different request"))
+		diff := bridgereq.Differences(out, r.Fingerprint)
+		b.log.InfoContext(ctx, "justonce/grpcbridge: key reused with another request",
+			b.attrs(ctx, md, "key", r.Key.String(), "differences", diff)...)
+		return nil, reused(ck, diff)
 	case inbox.Duplicate:
 		if rec != nil && rec.Status == inbox.StatusFailed {
+			b.log.InfoContext(ctx, "justonce/grpcbridge: replay of a failed key", b.attrs(ctx, md, "key", r.Key.String(), "source", source)...)
 			_ = grpc.SetHeader(ctx, metadata.Pairs(b.replayHeader, "true"))
 			return nil, withDetails(codes.FailedPrecondition,
 				fmt.Sprintf("the operation for this key failed for good (recorded by %s) and will not run again under this key; send a new key", sourceName(source)),
@@ -288,7 +360,7 @@ func (b *Bridge) answer(ctx context.Context, r inbox.Request, ck callKey, out in
 		}
 		a, ok := decodeResult(out.Result)
 		if !ok {
-			return b.elsewhere(ctx, r, source)
+			return b.elsewhere(ctx, md, r, source)
 		}
 		if !a.firstSent.IsZero() && !ck.firstSent.IsZero() && !a.firstSent.Equal(ck.firstSent) {
 			return nil, invalidKey(&keyProblem{reasonChanged, ck.fsField, fmt.Sprintf(
@@ -301,7 +373,8 @@ func (b *Bridge) answer(ctx context.Context, r inbox.Request, ck callKey, out in
 		if len(a.trailer) > 0 {
 			_ = grpc.SetTrailer(ctx, a.trailer)
 		}
-		b.log.DebugContext(ctx, "justonce/grpcbridge: replay", "key", r.Key.String(), "code", a.code.String(), "cached", out.Cached)
+		b.log.InfoContext(ctx, "justonce/grpcbridge: replay",
+			b.attrs(ctx, md, "key", r.Key.String(), "code", a.code.String(), "cached", out.Cached)...)
 		return a.answer()
 	}
 	b.log.ErrorContext(ctx, "justonce/grpcbridge: unexpected ledger outcome", "key", r.Key.String(), "disposition", out.Disposition.String())
@@ -325,8 +398,8 @@ func (b *Bridge) stored(md metadata.MD) metadata.MD {
 
 // elsewhere answers a key another front (a consumer, the HTTP bridge) ran:
 // it does not run again, and there is no gRPC response to replay.
-func (b *Bridge) elsewhere(ctx context.Context, r inbox.Request, source string) (any, error) {
-	b.log.DebugContext(ctx, "justonce/grpcbridge: key processed by another path", "key", r.Key.String(), "source", source)
+func (b *Bridge) elsewhere(ctx context.Context, md metadata.MD, r inbox.Request, source string) (any, error) {
+	b.log.InfoContext(ctx, "justonce/grpcbridge: replay of a key processed by another path", b.attrs(ctx, md, "key", r.Key.String(), "source", source)...)
 	_ = grpc.SetHeader(ctx, metadata.Pairs(b.replayHeader, "true"))
 	return nil, withDetails(codes.AlreadyExists,
 		fmt.Sprintf("the operation for this key was already processed by %s; it does not run again", sourceName(source)),

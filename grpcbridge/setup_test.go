@@ -108,6 +108,7 @@ type env struct {
 
 type envOpts struct {
 	cfg     grpcbridge.Config
+	ledger  inbox.Config  // the ledger's logger and Redis
 	pool    *pgxpool.Pool // the ledger's pool; default the schema's own
 	pg      *testsvc.PG
 	client  []grpc.DialOption
@@ -126,7 +127,7 @@ func setup(t testing.TB, o envOpts) *env {
 		pool = e.pg.Pool
 	}
 	var err error
-	e.ledger, err = inbox.New(pool, inbox.Config{})
+	e.ledger, err = inbox.New(pool, o.ledger)
 	require.NoError(t, err)
 	e.svc = &orders{pool: pool}
 

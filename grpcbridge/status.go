@@ -1,6 +1,8 @@
 package grpcbridge
 
 import (
+	"strings"
+
 	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -36,4 +38,24 @@ func invalidKey(p *keyProblem) error {
 // retryable answers a condition a retry with the same key may clear.
 func (b *Bridge) retryable(code codes.Code, reason, msg string) error {
 	return withDetails(code, msg, errorInfo(reason, nil), &errdetails.RetryInfo{RetryDelay: durationpb.New(b.cfg.RetryAfter)})
+}
+
+// reused answers a key reused with another request: InvalidArgument with
+// IDEMPOTENCY_KEY_REUSED, whose ErrorInfo metadata "differences" lists what
+// differs (comma-separated), and a BadRequest violation for the key and
+// one for each difference.
+func reused(ck callKey, diff []string) error {
+	msg := "this key was used with a different request (method, message or metadata); use a new key for a new request"
+	var md map[string]string
+	br := badRequest(ck.keyField, "reused with a different request")
+	if len(diff) > 0 {
+		msg = "this key was used with a different request (it differs in " + strings.Join(diff, ", ") +
+			"); use a new key for a new request"
+		md = map[string]string{"differences": strings.Join(diff, ",")}
+		for _, d := range diff {
+			br.FieldViolations = append(br.FieldViolations, &errdetails.BadRequest_FieldViolation{
+				Field: d, Description: "differs from the request first sent with this key"})
+		}
+	}
+	return withDetails(codes.InvalidArgument, msg, errorInfo(reasonReused, md), br)
 }

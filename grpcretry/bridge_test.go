@@ -2,7 +2,6 @@ package grpcretry_test
 
 import (
 	"context"
-	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -10,7 +9,6 @@ import (
 	"github.com/google/uuid"
 	"github.com/stretchr/testify/require"
 	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/protobuf/types/known/timestamppb"
 
@@ -59,21 +57,8 @@ func TestWithBridgeAEPField(t *testing.T) {
 			Scope: "orders", Key: grpcbridge.KeyFromMessage, Required: true, RequireFirstSent: true, KeyFormat: grpcbridge.KeyUUID}}})
 	require.NoError(t, err)
 	svc := &held{}
-	srv := grpc.NewServer(grpc.UnaryInterceptor(bridge.UnaryServerInterceptor()))
-	testpb.RegisterOrdersServer(srv, svc)
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		_ = srv.Serve(ln)
-	}()
-	t.Cleanup(func() { srv.Stop(); <-served })
-	conn, err := grpc.NewClient(ln.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithUnaryInterceptor(grpcretry.UnaryClientInterceptor(grpcretry.Config{MaxAttempts: 50, Backoff: backoff.Backoff{Initial: 10 * time.Millisecond}})))
-	require.NoError(t, err)
-	t.Cleanup(func() { _ = conn.Close() })
-	client := testpb.NewOrdersClient(conn)
+	client := dial(t, serve(t, svc, grpc.UnaryInterceptor(bridge.UnaryServerInterceptor())),
+		grpcretry.Config{MaxAttempts: 50, Backoff: backoff.Backoff{Initial: 10 * time.Millisecond}})
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 

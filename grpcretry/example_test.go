@@ -2,9 +2,11 @@ package grpcretry_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net"
 	"sync"
+	"time"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -63,4 +65,46 @@ func ExampleUnaryClientInterceptor() {
 	// Output:
 	// payment 1 <nil>
 	// 2 attempts, same key: true key length: 36 same first_sent: true
+}
+
+// A key whose expiry passes while the operation's outcome is unknown is
+// not sent again (the server would run it anew): the call fails with an
+// *OutcomeUnknownError carrying the key and the last answer.
+func ExampleOutcomeUnknownError() {
+	pay := grpc.ServiceDesc{
+		ServiceName: "example.Payments",
+		HandlerType: (*any)(nil),
+		Methods: []grpc.MethodDesc{{
+			MethodName: "Pay",
+			Handler: func(_ any, ctx context.Context, dec func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
+				if err := dec(new(wrapperspb.StringValue)); err != nil {
+					return nil, err
+				}
+				// The first call is still running, and its key expires now.
+				_ = grpc.SetTrailer(ctx, metadata.Pairs("idempotency-key-expires", time.Now().UTC().Format(time.RFC3339)))
+				return nil, status.Error(codes.Aborted, "a call with this key is being processed")
+			},
+		}},
+	}
+	srv := grpc.NewServer()
+	srv.RegisterService(&pay, nil)
+	ln, _ := net.Listen("tcp", "127.0.0.1:0")
+	go func() { _ = srv.Serve(ln) }()
+	defer srv.Stop()
+
+	conn, _ := grpc.NewClient(ln.Addr().String(),
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithUnaryInterceptor(grpcretry.UnaryClientInterceptor(grpcretry.Config{NewKey: func() string { return "pay-42" }})))
+	defer conn.Close()
+	err := conn.Invoke(context.Background(), "/example.Payments/Pay", wrapperspb.String("carol"), new(wrapperspb.Int64Value))
+	var unknown *grpcretry.OutcomeUnknownError
+	if errors.As(err, &unknown) {
+		fmt.Println("outcome unknown:", errors.Is(err, grpcretry.ErrOutcomeUnknown))
+		fmt.Println("key:", unknown.Key)
+		fmt.Println("last answer:", status.Code(unknown.Err))
+	}
+	// Output:
+	// outcome unknown: true
+	// key: pay-42
+	// last answer: Aborted
 }

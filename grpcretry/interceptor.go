@@ -15,6 +15,8 @@ package grpcretry
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"time"
 
 	"github.com/google/uuid"
@@ -39,7 +41,55 @@ const (
 	DefaultFirstSentKey = "idempotency-first-sent"
 	// DefaultField is the request message field of AEP-155.
 	DefaultField = "idempotency_key"
+	// DefaultExpiresKey is the trailer metadata in which the server says
+	// until when it remembers the key (RFC 3339).
+	DefaultExpiresKey = "idempotency-key-expires"
 )
+
+// ExpiryMargin is how long before the key's expiry the interceptor stops
+// retrying with it: a retry must reach the server before the key expires.
+// The expiry is on the server's clock and compared with the client's;
+// first_sent, which the interceptor sends with every key it makes, lets
+// the server refuse a key its clock has expired (FIRST_SENT_EXPIRED),
+// which the interceptor also reports as an unknown outcome.
+const ExpiryMargin = time.Second
+
+// ErrOutcomeUnknown: a call was not retried because its key had expired
+// (or would have by the time of the retry) on the server, which would then
+// have run it as a new call, or the server refused a retry because the
+// key's first_sent had expired; whether the earlier attempts' operation
+// happened is unknown. The error is an *OutcomeUnknownError. Find out from
+// the resource itself, then call again, if need be, with a new key.
+var ErrOutcomeUnknown = errors.New("grpcretry: the key expired before the outcome was known")
+
+// OutcomeUnknownError is the error of a call not retried because its key
+// expired. It matches ErrOutcomeUnknown and unwraps to the last attempt's
+// error (a status: status.Code gives its code, so match
+// ErrOutcomeUnknown before reading codes).
+type OutcomeUnknownError struct {
+	// Key is the call's idempotency key.
+	Key string
+	// Expires is when the server said the key expires, on the server's
+	// clock; zero when the server refused the key's first_sent instead.
+	Expires time.Time
+	// Err is the last attempt's error, the last answer.
+	Err error
+}
+
+// Error names the key, its expiry and the last attempt's answer.
+func (e *OutcomeUnknownError) Error() string {
+	at := "its first_sent expired"
+	if !e.Expires.IsZero() {
+		at = "it expired at " + e.Expires.UTC().Format(time.RFC3339)
+	}
+	return fmt.Sprintf("grpcretry: key %s: %s before the outcome was known (last attempt: %v)", e.Key, at, e.Err)
+}
+
+// Is makes an *OutcomeUnknownError match ErrOutcomeUnknown.
+func (e *OutcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
+
+// Unwrap returns the last attempt's error.
+func (e *OutcomeUnknownError) Unwrap() error { return e.Err }
 
 // DefaultBackoffMax is the longest wait between attempts, and the cap of a
 // RetryInfo delay, when Config.Backoff.Max is unset: 5 s, shorter than the
@@ -72,6 +122,11 @@ type Config struct {
 	// Methods, when set, limits the interceptor to these full method
 	// names; other calls pass through once, untouched.
 	Methods []string
+	// ExpiresKey names the trailer metadata in which the server says until
+	// when it remembers the key (RFC 3339); once that time is near, the
+	// key is not sent again and the call fails with ErrOutcomeUnknown.
+	// Default DefaultExpiresKey, the one grpcbridge sends.
+	ExpiresKey string
 }
 
 // DefaultRetry retries the codes a server answers when the call did not
@@ -109,18 +164,49 @@ func UnaryClientInterceptor(cfg Config) grpc.UnaryClientInterceptor {
 		if only != nil && !only[method] {
 			return invoker(ctx, method, req, reply, cc, opts...)
 		}
-		req, ctx = cfg.withKey(ctx, req)
+		req, ctx, key := cfg.withKey(ctx, req)
+		var expires time.Time
 		for attempt := 1; ; attempt++ {
-			err := invoker(ctx, method, req, reply, cc, opts...)
+			var trailer metadata.MD
+			err := invoker(ctx, method, req, reply, cc, append(opts[:len(opts):len(opts)], grpc.Trailer(&trailer))...)
+			if v := trailer.Get(cfg.ExpiresKey); len(v) > 0 {
+				if at, perr := time.Parse(time.RFC3339Nano, v[0]); perr == nil {
+					expires = at
+				}
+			}
+			if attempt > 1 && firstSentExpired(err) {
+				// The server would not honour the key any more: the
+				// earlier attempts' outcome is unknown.
+				return &OutcomeUnknownError{Key: key, Err: err}
+			}
 			code := status.Code(err)
 			if err == nil || attempt >= cfg.MaxAttempts || !cfg.Retry(code) || ctx.Err() != nil {
 				return err
 			}
-			if backoff.Sleep(ctx, cfg.wait(attempt, err)) != nil {
+			wait := cfg.wait(attempt, err)
+			if !expires.IsZero() && !time.Now().Add(wait+ExpiryMargin).Before(expires) {
+				return &OutcomeUnknownError{Key: key, Expires: expires, Err: err}
+			}
+			if backoff.Sleep(ctx, wait) != nil {
 				return err
 			}
 		}
 	}
+}
+
+// firstSentExpired reports the server's refusal of a key whose first_sent
+// is past its TTL (grpcbridge's FIRST_SENT_EXPIRED).
+func firstSentExpired(err error) bool {
+	st, ok := status.FromError(err)
+	if !ok || st.Code() != codes.InvalidArgument {
+		return false
+	}
+	for _, d := range st.Details() {
+		if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == "FIRST_SENT_EXPIRED" {
+			return true
+		}
+	}
+	return false
 }
 
 // withDefaults is cfg with its unset fields at their defaults.
@@ -128,6 +214,7 @@ func (cfg Config) withDefaults() Config {
 	cfg.MetadataKey = or(cfg.MetadataKey, DefaultMetadataKey)
 	cfg.FirstSentKey = or(cfg.FirstSentKey, DefaultFirstSentKey)
 	cfg.Field = or(cfg.Field, DefaultField)
+	cfg.ExpiresKey = or(cfg.ExpiresKey, DefaultExpiresKey)
 	if cfg.MaxAttempts <= 0 {
 		cfg.MaxAttempts = 4
 	}
@@ -159,32 +246,39 @@ func or[T comparable](v, def T) T {
 }
 
 // withKey gives req a key when it has none: in its AEP-155 field, on a
-// copy, or else in the outgoing metadata.
-func (cfg *Config) withKey(ctx context.Context, req any) (any, context.Context) {
+// copy, or else in the outgoing metadata. It returns the call's key too.
+func (cfg *Config) withKey(ctx context.Context, req any) (any, context.Context, string) {
 	now := time.Now().UTC()
 	md, _ := metadata.FromOutgoingContext(ctx)
-	if len(md.Get(cfg.MetadataKey)) > 0 {
-		return req, ctx // the caller gave the key in metadata
+	if keys := md.Get(cfg.MetadataKey); len(keys) > 0 {
+		return req, ctx, keys[0] // the caller gave the key in metadata
 	}
 	if msg, ok := req.(proto.Message); ok {
 		fd := msg.ProtoReflect().Descriptor().Fields().ByName(protoreflect.Name(cfg.Field))
 		if fd != nil && !fd.IsList() && !fd.IsMap() {
 			switch fd.Kind() {
 			case protoreflect.StringKind:
-				if msg.ProtoReflect().Get(fd).String() == "" {
+				key := msg.ProtoReflect().Get(fd).String()
+				if key == "" {
+					key = cfg.NewKey()
 					msg = proto.Clone(msg)
-					msg.ProtoReflect().Set(fd, protoreflect.ValueOfString(cfg.NewKey()))
+					msg.ProtoReflect().Set(fd, protoreflect.ValueOfString(key))
 				}
-				return msg, ctx
+				return msg, ctx, key
 			case protoreflect.MessageKind:
 				if k := aepKey(msg, fd); k != nil {
-					return k(cfg.NewKey(), now), ctx
+					key := cfg.NewKey()
+					return k(key, now), ctx, key
 				}
-				return msg, ctx
+				if kfd := fd.Message().Fields().ByName("key"); kfd != nil && kfd.Kind() == protoreflect.StringKind && msg.ProtoReflect().Has(fd) {
+					return msg, ctx, msg.ProtoReflect().Get(fd).Message().Get(kfd).String()
+				}
+				return msg, ctx, ""
 			}
 		}
 	}
-	return req, metadata.AppendToOutgoingContext(ctx, cfg.MetadataKey, cfg.NewKey(), cfg.FirstSentKey, now.Format(time.RFC3339Nano))
+	key := cfg.NewKey()
+	return req, metadata.AppendToOutgoingContext(ctx, cfg.MetadataKey, key, cfg.FirstSentKey, now.Format(time.RFC3339Nano)), key
 }
 
 // aepKey returns a func that fills an empty IdempotencyKey field (key and

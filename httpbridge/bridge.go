@@ -9,6 +9,7 @@ import (
 	"io"
 	"net/http"
 	"runtime/debug"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -88,15 +89,21 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		h.next.ServeHTTP(w, r)
 		return
 	}
+	if h.rt.Observe {
+		h.observe(w, r)
+		return
+	}
 	s := h.s
-	key, present, err := extractKey(r.Header, s.keyHeaders, h.rt.maxKeyLen, h.rt.KeyFormat)
+	key, present, err := h.key(r)
 	if err != nil {
-		s.log.DebugContext(r.Context(), "justonce/httpbridge: invalid key", "scope", h.rt.Scope, "reason", err.Error())
+		s.log.WarnContext(r.Context(), "justonce/httpbridge: invalid key",
+			h.attrs(r, "scope", h.rt.Scope, "reason", err.Error(), "key", inbox.Mask(h.rawKey(r)))...)
 		writeProblem(w, ProblemInvalidKey, http.StatusBadRequest, err.Error())
 		return
 	}
 	if !present {
 		if h.rt.Required {
+			s.log.WarnContext(r.Context(), "justonce/httpbridge: missing key", h.attrs(r, "scope", h.rt.Scope)...)
 			writeProblem(w, ProblemMissingKey, http.StatusBadRequest,
 				"this endpoint requires an "+s.Header+" header with a unique key per operation")
 			return
@@ -109,11 +116,12 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 
-	fp := fingerprint.Request(r, body, h.rt.FingerprintHeaders)
-	req, err := h.rt.spec.Request(s.Ledger, key, fp, bridgereq.Call(s.Tenant, r), bridgereq.Call(s.Principal, r))
+	req, err := h.rt.spec.Request(s.Ledger, key, h.fingerprint(r, body), bridgereq.Call(s.Tenant, r), bridgereq.Call(s.Principal, r))
 	if err != nil {
 		var ke *bridgereq.KeyError
 		if errors.As(err, &ke) {
+			s.log.WarnContext(r.Context(), "justonce/httpbridge: invalid key",
+				h.attrs(r, "scope", h.rt.Scope, "reason", ke.Error(), "key", inbox.Mask(key))...)
 			writeProblem(w, ProblemInvalidKey, http.StatusBadRequest, ke.Error())
 			return
 		}
@@ -128,7 +136,7 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	defer cancel()
 	ctx = bridgereq.WithKey(ctx, key)
 
-	if !h.quotaOK(ctx, w, req) {
+	if !h.quotaOK(ctx, w, r, req) {
 		return
 	}
 	if h.rt.Lease {
@@ -138,11 +146,52 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	h.serveTx(ctx, w, r, req, body)
 }
 
+// key reads the request's key: the route's KeyFormat, then its
+// KeyValidator.
+func (h *handler) key(r *http.Request) (key string, present bool, err error) {
+	key, present, err = extractKey(r.Header, h.s.keyHeaders, h.rt.maxKeyLen, h.rt.KeyFormat)
+	if err == nil && present && h.rt.KeyValidator != nil {
+		if verr := h.rt.KeyValidator(key); verr != nil {
+			reason := verr.Error()
+			if reason == "" {
+				reason = "the key is not of the form this endpoint requires"
+			}
+			return "", true, &keyError{reason}
+		}
+	}
+	return key, present, err
+}
+
+// rawKey is the key header as sent, for a masked log line.
+func (h *handler) rawKey(r *http.Request) string {
+	for _, name := range h.s.keyHeaders {
+		if v := r.Header.Get(name); v != "" {
+			return v
+		}
+	}
+	return ""
+}
+
+// attrs are a log line's attributes followed by the client's address and
+// user agent.
+func (h *handler) attrs(r *http.Request, kv ...any) []any {
+	return append(kv, bridgereq.Client(r.RemoteAddr, r.UserAgent())...)
+}
+
+// fingerprint is the request's fingerprint, detailed unless
+// Config.LegacyFingerprints.
+func (h *handler) fingerprint(r *http.Request, body []byte) []byte {
+	if h.s.LegacyFingerprints {
+		return fingerprint.Request(r, body, h.rt.FingerprintHeaders)
+	}
+	return fingerprint.RequestDetailed(r, body, h.rt.FingerprintHeaders)
+}
+
 // serveTx runs the handler inside the ledger's transaction.
 func (h *handler) serveTx(ctx context.Context, w http.ResponseWriter, r *http.Request, req inbox.Request, body []byte) {
 	var resp buffered
 	var pv *panicked
-	out, err := h.s.Ledger.Do(ctx, req, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
+	out, err := h.rt.spec.Do(ctx, h.s.Ledger, &req, func(ctx context.Context, tx pgx.Tx) (inbox.Result, error) {
 		r2 := withBody(r.WithContext(bridgereq.WithTx(ctx, tx)), body)
 		resp, pv = h.run(r2)
 		switch {
@@ -155,9 +204,13 @@ func (h *handler) serveTx(ctx context.Context, w http.ResponseWriter, r *http.Re
 		}
 		return h.s.result(req.Key, resp)
 	})
+	var kre *inbox.KeyRateError
+	errors.As(err, &kre)
 	switch {
 	case pv != nil:
 		h.repanic(req, pv)
+	case kre != nil:
+		h.rateLimited(ctx, w, r, req, kre)
 	case errors.Is(err, errNotStored):
 		h.s.log.DebugContext(ctx, "justonce/httpbridge: status not stored, rolled back", "key", req.Key.String(), "status", resp.code)
 		writeResponse(w, resp.code, resp.header, resp.body)
@@ -166,22 +219,57 @@ func (h *handler) serveTx(ctx context.Context, w http.ResponseWriter, r *http.Re
 	case err != nil:
 		h.s.txFailure(w, req, resp, err)
 	case out.Disposition == inbox.Executed:
+		h.setExpires(w, out.Record.ExpiresAt)
 		writeResponse(w, resp.code, resp.header, resp.body)
 	default:
-		h.s.answer(w, req, out)
+		h.answer(w, r, req, out)
 	}
+}
+
+// setExpires sets the expiry header: the time rounded down to the second,
+// so that it never says the key lasts longer than it does.
+func (h *handler) setExpires(w http.ResponseWriter, t time.Time) {
+	w.Header().Set(h.s.ExpiresHeader, t.UTC().Truncate(time.Second).Format(http.TimeFormat))
+}
+
+// rateLimited answers a new key over the route's KeyRate.
+func (h *handler) rateLimited(ctx context.Context, w http.ResponseWriter, r *http.Request, req inbox.Request, kre *inbox.KeyRateError) {
+	h.s.log.InfoContext(ctx, "justonce/httpbridge: new-key rate limit reached",
+		h.attrs(r, "key", req.Key.String(), "limit", kre.Limit, "window", kre.Window.String())...)
+	secs := (kre.RetryAfter + time.Second - 1) / time.Second
+	writeProblem(w, ProblemKeyRateExceeded, http.StatusTooManyRequests,
+		fmt.Sprintf("this tenant started %d new keys here in the current window of %s, the limit; nothing was recorded, "+
+			"send the request again with the same key after Retry-After", kre.Limit, kre.Window),
+		"Retry-After", strconv.FormatInt(int64(secs), 10))
 }
 
 // serveLeased runs the handler under a lease, outside any transaction.
 func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *http.Request, req inbox.Request, body []byte) {
 	s := h.s
+	claimed := time.Now()
 	lease, out, err := s.Ledger.AcquireLease(ctx, req, h.rt.LeaseDuration)
+	if err == nil && lease == nil && bridgereq.PlainRetry(out, &req) {
+		lease, out, err = s.Ledger.AcquireLease(ctx, req, h.rt.LeaseDuration)
+	}
 	if err != nil {
 		s.storeFailure(w, req, err)
 		return
 	}
 	if lease == nil {
-		s.answer(w, req, out)
+		h.answer(w, r, req, out)
+		return
+	}
+	count, err := h.rt.spec.CountNewKey(ctx, s.Ledger, nil, req.Tenant)
+	if err != nil {
+		if aerr := lease.Abandon(ctx); aerr != nil {
+			s.log.WarnContext(ctx, "justonce/httpbridge: lease not released; it will expire", "key", req.Key.String(), "err", aerr)
+		}
+		var kre *inbox.KeyRateError
+		if errors.As(err, &kre) {
+			h.rateLimited(ctx, w, r, req, kre)
+			return
+		}
+		s.storeFailure(w, req, err)
 		return
 	}
 	// The lease is kept alive until its end is recorded, not only while
@@ -206,6 +294,7 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 	defer fcancel()
 	release := func() {
 		stop()
+		count.Undo(fctx)
 		if err := lease.Abandon(fctx); err != nil {
 			s.log.WarnContext(ctx, "justonce/httpbridge: lease not released; it will expire", "key", req.Key.String(), "err", err)
 		}
@@ -237,6 +326,9 @@ func (h *handler) serveLeased(ctx context.Context, w http.ResponseWriter, r *htt
 		stop()
 		switch {
 		case err == nil:
+			// The row was claimed after claimed, and expires its TTL after
+			// its claim.
+			h.setExpires(w, claimed.Add(h.rt.ttl))
 			writeResponse(w, resp.code, resp.header, resp.body)
 		case errors.Is(err, inbox.ErrLeaseLost):
 			s.log.ErrorContext(ctx, "justonce/httpbridge: lease lost while the handler ran", "key", req.Key.String(), "err", err)
@@ -403,7 +495,7 @@ func withBody(r *http.Request, body []byte) *http.Request {
 
 // quotaOK enforces the route's live-key quota for a new key. A key the
 // ledger already holds passes, so that its replay is served.
-func (h *handler) quotaOK(ctx context.Context, w http.ResponseWriter, req inbox.Request) bool {
+func (h *handler) quotaOK(ctx context.Context, w http.ResponseWriter, r *http.Request, req inbox.Request) bool {
 	if h.rt.MaxLiveKeys == nil {
 		return true
 	}
@@ -425,7 +517,7 @@ func (h *handler) quotaOK(ctx context.Context, w http.ResponseWriter, req inbox.
 	case err == nil:
 		return true
 	case errors.Is(err, inbox.ErrNotFound):
-		s.log.InfoContext(ctx, "justonce/httpbridge: live-key quota exceeded", "key", req.Key.String(), "live", n, "limit", limit)
+		s.log.InfoContext(ctx, "justonce/httpbridge: live-key quota exceeded", h.attrs(r, "key", req.Key.String(), "live", n, "limit", limit)...)
 		writeProblem(w, ProblemQuotaExceeded, http.StatusTooManyRequests,
 			fmt.Sprintf("this tenant holds %d live keys here, the limit is %d; keys are freed as they expire", n, limit))
 		return false
@@ -449,11 +541,16 @@ func (s *settings) result(k inbox.Key, resp buffered) (inbox.Result, error) {
 	return inbox.Result{Code: resp.code, Header: hdr, Body: body}, nil
 }
 
-// answer handles an Outcome whose handler did not run now.
-func (s *settings) answer(w http.ResponseWriter, req inbox.Request, out inbox.Outcome) {
+// answer handles an Outcome whose handler did not run now. Every answer
+// says when the key expires.
+func (h *handler) answer(w http.ResponseWriter, r *http.Request, req inbox.Request, out inbox.Outcome) {
+	s := h.s
+	if exp, ok := bridgereq.Expiry(out, time.Now(), h.rt.ttl, s.HandlerTimeout); ok {
+		h.setExpires(w, exp)
+	}
 	switch out.Disposition {
 	case inbox.InFlight:
-		s.log.Debug("justonce/httpbridge: in flight", "key", req.Key.String())
+		s.log.InfoContext(r.Context(), "justonce/httpbridge: in flight", h.attrs(r, "key", req.Key.String())...)
 		writeProblem(w, ProblemInProgress, http.StatusConflict,
 			"a request with this key is being processed; retry after Retry-After with the same key",
 			"Retry-After", s.retryAfter)
@@ -463,17 +560,23 @@ func (s *settings) answer(w http.ResponseWriter, req inbox.Request, out inbox.Ou
 			// fingerprint of its own kind, which never equals an HTTP one:
 			// answered as for a consumer's key, in flight, failed or done.
 			if rec.Status == inbox.StatusProcessing {
-				s.answer(w, req, inbox.Outcome{Disposition: inbox.InFlight, Record: rec})
+				h.answer(w, r, req, inbox.Outcome{Disposition: inbox.InFlight, Record: rec})
 				return
 			}
-			s.replay(w, req, inbox.Outcome{Disposition: inbox.Duplicate, Record: rec})
+			h.replay(w, r, req, inbox.Outcome{Disposition: inbox.Duplicate, Record: rec})
 			return
 		}
-		s.log.Info("justonce/httpbridge: key reused with another request", "key", req.Key.String())
-		writeProblem(w, ProblemKeyReused, http.StatusUnprocessableEntity,
-			"this key was used with a different request (method, path, body or headers); use a new key for a new request")
+		diff := bridgereq.Differences(out, req.Fingerprint)
+		s.log.InfoContext(r.Context(), "justonce/httpbridge: key reused with another request",
+			h.attrs(r, "key", req.Key.String(), "differences", diff)...)
+		detail := "this key was used with a different request (method, path, body or headers); use a new key for a new request"
+		if len(diff) > 0 {
+			detail = "this key was used with a different request (it differs in " + strings.Join(diff, ", ") +
+				"); use a new key for a new request"
+		}
+		writeProblemOf(w, problem{Type: ProblemKeyReused, Status: http.StatusUnprocessableEntity, Detail: detail, Differences: diff})
 	case inbox.Duplicate:
-		s.replay(w, req, out)
+		h.replay(w, r, req, out)
 	default:
 		s.log.Error("justonce/httpbridge: unexpected ledger outcome", "key", req.Key.String(), "disposition", out.Disposition.String())
 		writeInternal(w)
@@ -488,7 +591,8 @@ type consumerDefault struct {
 }
 
 // replay answers a Duplicate with the stored response, byte for byte.
-func (s *settings) replay(w http.ResponseWriter, req inbox.Request, out inbox.Outcome) {
+func (h *handler) replay(w http.ResponseWriter, r *http.Request, req inbox.Request, out inbox.Outcome) {
+	s := h.s
 	rh := []string{s.ReplayHeader, "true"}
 	if s.LegacyReplayHeader != "" {
 		rh = append(rh, s.LegacyReplayHeader, "true")
@@ -499,7 +603,7 @@ func (s *settings) replay(w http.ResponseWriter, req inbox.Request, out inbox.Ou
 		source = string(rec.Source)
 	}
 	if rec != nil && rec.Status == inbox.StatusFailed {
-		s.log.Debug("justonce/httpbridge: replay of a failed key", "key", req.Key.String(), "source", source)
+		s.log.InfoContext(r.Context(), "justonce/httpbridge: replay of a failed key", h.attrs(r, "key", req.Key.String(), "source", source)...)
 		writeProblem(w, ProblemKeyFailed, http.StatusUnprocessableEntity,
 			fmt.Sprintf("the operation for this key failed for good (recorded by %s) and will not run again under this key; send a new key", sourceName(source)),
 			rh...)
@@ -508,6 +612,7 @@ func (s *settings) replay(w http.ResponseWriter, req inbox.Request, out inbox.Ou
 	res := out.Result
 	if res.Code == 0 {
 		// A consumer ran this key and recorded no HTTP response.
+		s.log.InfoContext(r.Context(), "justonce/httpbridge: replay of a key run elsewhere", h.attrs(r, "key", req.Key.String(), "source", source)...)
 		body, _ := json.Marshal(consumerDefault{Status: "already_processed", Source: source})
 		for i := 0; i+1 < len(rh); i += 2 {
 			w.Header().Set(rh[i], rh[i+1])
@@ -534,7 +639,8 @@ func (s *settings) replay(w http.ResponseWriter, req inbox.Request, out inbox.Ou
 	for i := 0; i+1 < len(rh); i += 2 {
 		hdr[http.CanonicalHeaderKey(rh[i])] = []string{rh[i+1]}
 	}
-	s.log.Debug("justonce/httpbridge: replay", "key", req.Key.String(), "status", res.Code, "cached", out.Cached)
+	s.log.InfoContext(r.Context(), "justonce/httpbridge: replay",
+		h.attrs(r, "key", req.Key.String(), "status", res.Code, "cached", out.Cached)...)
 	writeResponse(w, res.Code, hdr, body)
 }
 

@@ -1,6 +1,7 @@
 package httpbridge
 
 import (
+	"cmp"
 	"fmt"
 	"log/slog"
 	"net/http"
@@ -11,6 +12,10 @@ import (
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/internal/bridgereq"
 )
+
+// DefaultExpiresHeader is the response header that says until when the
+// request's key is remembered (Config.ExpiresHeader).
+const DefaultExpiresHeader = "Idempotency-Key-Expires"
 
 // Defaults.
 const (
@@ -63,6 +68,16 @@ type Config struct {
 	// LegacyReplayHeader, when set (for example "X-Idempotency-Replay"), is
 	// also set to "true" on replayed responses.
 	LegacyReplayHeader string
+	// ExpiresHeader names the response header that tells the client until
+	// when its key is remembered, as an HTTP-date (rounded down to the
+	// second): past that time a request with the key runs as a new one.
+	// It is on every answer that concerns a recorded key: a first run
+	// whose response was stored, a replay, a request in flight (then a
+	// lower bound: the key's first request is at most HandlerTimeout old),
+	// a key reused with another request, a key that failed. It is never
+	// stored. httpretry stops retrying a key once it has expired. Default
+	// DefaultExpiresHeader ("Idempotency-Key-Expires").
+	ExpiresHeader string
 	// DenyHeaders are response headers never stored nor replayed, in
 	// addition to the credentials always denied: Set-Cookie, Set-Cookie2,
 	// Authorization, Proxy-Authorization, and hop-by-hop headers. The first
@@ -80,6 +95,33 @@ type Config struct {
 
 	// Encryption, when set, encrypts stored response bodies (AES-GCM).
 	Encryption *Encryption
+
+	// LegacyFingerprints stores fingerprints as releases before detailed
+	// fingerprints did (a digest of the whole request, 33 bytes): a 422
+	// key-reused answer then names no differences. Set it while instances
+	// of such a release serve the same ledger (a rolling upgrade), so
+	// that they recognise this release's keys; unset it once every
+	// instance runs this release. Keys stored that way are always
+	// recognised. Default false: fingerprints also carry short digests of
+	// the request's parts (at most 32, about 200 bytes for a small JSON
+	// body, never more than 1 KiB more than before).
+	LegacyFingerprints bool
+
+	// OnObserve, when set, is told what an observe-mode route
+	// (RouteConfig.Observe) would have done with each request it let
+	// through: the route's scope and one of
+	//
+	//	would_run                 a new key: the handler would have run, as it did
+	//	would_replay              a known key (completed, failed for good, or run by a
+	//	                          consumer or over gRPC): answered from the ledger
+	//	would_refuse_missing_key  no key on a route with Required: 400
+	//	would_refuse_invalid_key  a key the route refuses: 400
+	//	would_conflict            a key in flight: 409
+	//	would_mismatch            a known key with another request: 422
+	//
+	// Requests without a key on an optional route are not observed. The
+	// collector of package metrics gives one (BridgeCollector.Observer).
+	OnObserve func(route, would string)
 }
 
 // Encryption encrypts stored response bodies at rest with AES-GCM. Keys
@@ -140,7 +182,19 @@ type RouteConfig struct {
 	Required bool
 	// KeyFormat restricts the keys accepted. Default KeyAny.
 	KeyFormat KeyFormat
+	// MaxKeyLen is the longest key the route accepts, in bytes (1 to 255):
+	// 128 for APIs whose contract says so, say. 0: Config.MaxKeyLen.
+	// Principal isolation and MismatchNewRequest cap it (at 231, 238, and
+	// 214 with both: see Config.MaxKeyLen).
+	MaxKeyLen int
+	// KeyValidator, when set, checks each key the route accepts otherwise
+	// (after KeyFormat): a format such as
+	// "{user}:{operation}:{resource}:{timestamp}". A key it refuses is
+	// answered 400 (invalid-key) with its error's text as the problem's
+	// detail: write it for the client, and without the key.
+	KeyValidator func(key string) error
 	// TTL is how long a key is remembered. 0: the ledger's default (24 h).
+	// Every answer about a key says when it expires (Config.ExpiresHeader).
 	TTL time.Duration
 	// Store decides which response statuses are stored (and their effect
 	// committed). A status it refuses is rolled back: the handler's writes
@@ -166,6 +220,13 @@ type RouteConfig struct {
 	// connection is held while it waits. 0 (the default): answer 409 at
 	// once.
 	LockWait time.Duration
+	// KeyRate, when set, limits how many new keys each tenant starts per
+	// window on this route (see inbox.KeyRate): a new key over the limit
+	// is answered 429 (key-rate-exceeded) with Retry-After, until the
+	// window ends, and leaves nothing behind; replays are never limited.
+	// The counts are in the ledger's Redis when it has one, else in
+	// Postgres (migration 3).
+	KeyRate *inbox.KeyRate
 	// MaxLiveKeys, when set, limits each tenant's live keys in this scope:
 	// a new key over the limit is answered 429 (quota-exceeded); replays are
 	// still served. A limit of 0 or less means none. The count is taken
@@ -187,6 +248,18 @@ type RouteConfig struct {
 	// (214 with MismatchNewRequest), as the ledger ID also holds the
 	// principal's digest: on every request, also one whose principal is "".
 	PrincipalKeys inbox.PrincipalPolicy
+	// Observe runs the route as if the bridge were absent, to roll it out
+	// without risk: every request reaches the handler as it came (no
+	// refusal of a missing or invalid key, no replay, no 409 or 422, no
+	// transaction from the bridge: Tx returns nil, and nothing is
+	// buffered), while the ledger records each keyed request's key and
+	// fingerprint, under the scope Scope + "~observe", so that
+	// Config.OnObserve and the log say what enforcing would have done: a
+	// missing or invalid key at WARN, a replay, a conflict or a mismatch
+	// at INFO. Those keys never meet an enforcing
+	// route's: switching the route to enforce starts from no keys.
+	// KeyRate and MaxLiveKeys do not apply. Default false.
+	Observe bool
 }
 
 // DefaultStore is the default storage policy: 2xx, 3xx and 4xx responses
@@ -207,7 +280,7 @@ func (c Config) Validate() error {
 	if c.Ledger == nil {
 		return configErr("Ledger is nil")
 	}
-	for _, h := range append([]string{c.Header, c.ReplayHeader, c.LegacyReplayHeader}, c.AltHeaders...) {
+	for _, h := range append([]string{c.Header, c.ReplayHeader, c.LegacyReplayHeader, c.ExpiresHeader}, c.AltHeaders...) {
 		if h != "" && !validHeaderName(h) {
 			return configErr("invalid header name %q", h)
 		}
@@ -258,6 +331,9 @@ func (rc RouteConfig) Validate() error {
 			}
 		}
 	}
+	if rc.MaxKeyLen < 0 || rc.MaxKeyLen > 255 {
+		return configErr("RouteConfig.MaxKeyLen %d is outside 1..255", rc.MaxKeyLen)
+	}
 	if rc.KeyFormat > KeyUUIDv4 {
 		return configErr("unknown KeyFormat %d", rc.KeyFormat)
 	}
@@ -304,6 +380,9 @@ func newSettings(c Config) settings {
 	if c.ReplayHeader == "" {
 		c.ReplayHeader = defaultReplayHeader
 	}
+	if c.ExpiresHeader == "" {
+		c.ExpiresHeader = DefaultExpiresHeader
+	}
 	if c.RetryAfter == 0 {
 		c.RetryAfter = defaultRetryAfter
 	}
@@ -329,6 +408,7 @@ func newSettings(c Config) settings {
 	if c.LegacyReplayHeader != "" {
 		s.deny[http.CanonicalHeaderKey(c.LegacyReplayHeader)] = true
 	}
+	s.deny[http.CanonicalHeaderKey(c.ExpiresHeader)] = true
 	s.deny[encHeader] = true
 	secs := (c.RetryAfter + time.Second - 1) / time.Second
 	s.retryAfter = fmt.Sprint(int64(secs))
@@ -345,7 +425,8 @@ var alwaysDenied = []string{
 // spec is the route's key policy, as the bridges share it.
 func (rc RouteConfig) spec() bridgereq.Spec {
 	return bridgereq.Spec{Scope: rc.Scope, Source: Source, TTL: rc.TTL, LockWait: rc.LockWait,
-		Principal: rc.PrincipalKeys, NewRequest: rc.Mismatch == MismatchNewRequest}
+		Principal: rc.PrincipalKeys, NewRequest: rc.Mismatch == MismatchNewRequest,
+		KeyRate: rc.KeyRate, Observe: rc.Observe}
 }
 
 // route is a RouteConfig with its defaults applied.
@@ -354,6 +435,7 @@ type route struct {
 	spec      bridgereq.Spec
 	methods   map[string]bool
 	maxKeyLen int
+	ttl       time.Duration // TTL, or the ledger's
 }
 
 func newRoute(rc RouteConfig, s *settings) route {
@@ -373,7 +455,8 @@ func newRoute(rc RouteConfig, s *settings) route {
 	for _, m := range rc.Methods {
 		rt.methods[m] = true
 	}
-	rt.maxKeyLen = rt.spec.MaxKeyLen(s.MaxKeyLen, s.Principal != nil)
+	rt.maxKeyLen = rt.spec.MaxKeyLen(cmp.Or(rc.MaxKeyLen, s.MaxKeyLen), s.Principal != nil)
+	rt.ttl = cmp.Or(rc.TTL, s.Ledger.DefaultTTL())
 	return rt
 }
 

@@ -19,16 +19,31 @@
 //   - same key while the first still runs: 409 with Retry-After, or the
 //     replay after up to RouteConfig.LockWait;
 //   - same key, another request (method, path, query, canonical body,
-//     RouteConfig.FingerprintHeaders): 422, or a new request with
-//     MismatchNewRequest;
-//   - a malformed key: 400; no key: the handler runs in a plain
-//     transaction, or 400 when RouteConfig.Required;
+//     RouteConfig.FingerprintHeaders): 422, whose "differences" member
+//     names what differs ("body:/amount", "header:Api-Version"), never the
+//     values; or a new request with MismatchNewRequest;
+//   - a malformed key, or one RouteConfig.KeyValidator refuses: 400; no
+//     key: the handler runs in a plain transaction, or 400 when
+//     RouteConfig.Required;
+//   - a new key over the tenant's RouteConfig.KeyRate: 429 with
+//     Retry-After, nothing recorded;
 //   - the handler answered success but its transaction did not commit:
 //     500 not-committed, nothing stored, the key free;
 //   - database unreachable: 503 with Retry-After; nothing recorded.
 //
-// Answers the bridge gives itself are application/problem+json (RFC 9457)
-// with the stable types of the Problem constants.
+// Every answer about a recorded key says when the key expires
+// (Idempotency-Key-Expires, an HTTP-date; Config.ExpiresHeader): past it,
+// the same key runs as a new request, so package httpretry stops retrying
+// a key there. Answers the bridge gives itself are
+// application/problem+json (RFC 9457) with the stable types of the
+// Problem constants. Refused keys (missing on a required route, invalid)
+// are logged at WARN and replays at INFO, with the client's address and
+// user agent, keys masked.
+//
+// RouteConfig.Observe rolls a route out without risk: every request runs
+// as if the bridge were absent, while the ledger records keys and
+// fingerprints so that the log and Config.OnObserve (a metric of package
+// metrics) say what enforcing would have done.
 //
 // RouteConfig.Store decides which statuses are kept (DefaultStore: 2xx to
 // 4xx but 408, 409, 425 and 429). Any other status, a panic and a response

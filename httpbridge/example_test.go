@@ -3,12 +3,15 @@ package httpbridge_test
 import (
 	"bytes"
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log"
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"regexp"
 	"strings"
 	"time"
 
@@ -192,4 +195,131 @@ func ExampleConfig_principal() {
 	// bob 201 {"order":2} replayed: false
 	// alice 201 {"order":1} replayed: true
 	// bob's row: bob
+}
+
+// An observe-mode route lets every request through as if the bridge were
+// absent, and says what enforcing would have done: here a request without
+// a key on a route that requires one, a new key, its duplicate, and the
+// key again with another body. All four ran.
+func ExampleRouteConfig_observe() {
+	pool, done := exampleDB()
+	defer done()
+	ledger, err := inbox.New(pool, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	var observed []string
+	bridge, err := httpbridge.New(httpbridge.Config{
+		Ledger: ledger,
+		// metrics.NewBridgeCollector().Observer("http") counts these.
+		OnObserve: func(route, would string) { observed = append(observed, route+": "+would) },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	runs := 0
+	h := bridge.Route(httpbridge.RouteConfig{Scope: "orders", Required: true, Observe: true})(
+		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			runs++
+			w.WriteHeader(http.StatusCreated)
+		}))
+	for _, c := range []struct{ key, body string }{{"", `{"n":1}`}, {"k-1", `{"n":1}`}, {"k-1", `{"n":1}`}, {"k-1", `{"n":2}`}} {
+		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(c.body))
+		req.Header.Set("Content-Type", "application/json")
+		if c.key != "" {
+			req.Header.Set("Idempotency-Key", c.key)
+		}
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		fmt.Print(rec.Code, " ")
+	}
+	fmt.Println("- runs:", runs)
+	for _, o := range observed {
+		fmt.Println(o)
+	}
+	// Output:
+	// 201 201 201 201 - runs: 4
+	// orders: would_refuse_missing_key
+	// orders: would_run
+	// orders: would_replay
+	// orders: would_mismatch
+}
+
+// A route with keys of its own format, at most 128 bytes: a key the
+// validator refuses is answered 400 invalid-key with its message.
+func ExampleRouteConfig_keyValidator() {
+	pool, done := exampleDB()
+	defer done()
+	ledger, err := inbox.New(pool, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	bridge, err := httpbridge.New(httpbridge.Config{Ledger: ledger})
+	if err != nil {
+		log.Fatal(err)
+	}
+	format := regexp.MustCompile(`^[\w.-]+:[\w.-]+:[\w.-]+:\d{13}$`)
+	bookings := bridge.Route(httpbridge.RouteConfig{Scope: "bookings", MaxKeyLen: 128,
+		KeyValidator: func(key string) error {
+			if !format.MatchString(key) {
+				return errors.New("the key must be {user}:{operation}:{resource}:{timestamp in ms}")
+			}
+			return nil
+		}})
+	h := bookings(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	for _, key := range []string{"usr_abc123:booking.create:res_xyz:1704067200000", "booking-1"} {
+		req := httptest.NewRequest(http.MethodPost, "/bookings", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", key)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		var p struct{ Detail string }
+		_ = json.Unmarshal(rec.Body.Bytes(), &p)
+		fmt.Println(strings.TrimSpace(fmt.Sprint(rec.Code, " ", p.Detail)))
+	}
+	// Output:
+	// 201
+	// 400 the key must be {user}:{operation}:{resource}:{timestamp in ms}
+}
+
+// A limit of two new keys per tenant and day: the third new key is
+// refused (429 with Retry-After) and leaves nothing behind; a replay of a
+// recorded key is never limited.
+func ExampleRouteConfig_keyRate() {
+	pool, done := exampleDB()
+	defer done()
+	ledger, err := inbox.New(pool, inbox.Config{}) // with Redis, the counts live there
+	if err != nil {
+		log.Fatal(err)
+	}
+	bridge, err := httpbridge.New(httpbridge.Config{
+		Ledger: ledger,
+		Tenant: func(r *http.Request) string { return r.Header.Get("X-Tenant") },
+	})
+	if err != nil {
+		log.Fatal(err)
+	}
+	orders := bridge.Route(httpbridge.RouteConfig{Scope: "orders", KeyRate: &inbox.KeyRate{
+		Limit:  func(tenant string) int64 { return 2 },
+		Window: 24 * time.Hour,
+	}})
+	h := orders(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.WriteHeader(http.StatusCreated) }))
+	send := func(key string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{}`))
+		req.Header.Set("Idempotency-Key", key)
+		req.Header.Set("X-Tenant", "acme")
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	for _, key := range []string{"o-1", "o-2", "o-3"} {
+		rec := send(key)
+		fmt.Println(key, rec.Code, "Retry-After set:", rec.Header().Get("Retry-After") != "")
+	}
+	replay := send("o-1")
+	fmt.Println("o-1 again:", replay.Code, "replayed:", replay.Header().Get("Idempotent-Replayed"))
+	// Output:
+	// o-1 201 Retry-After set: false
+	// o-2 201 Retry-After set: false
+	// o-3 429 Retry-After set: true
+	// o-1 again: 201 replayed: true
 }

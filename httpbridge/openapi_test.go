@@ -26,6 +26,9 @@ func TestOpenAPIFragment(t *testing.T) {
 					MaxLength int `yaml:"maxLength"`
 				} `yaml:"schema"`
 			} `yaml:"parameters"`
+			Headers map[string]struct {
+				Description string `yaml:"description"`
+			} `yaml:"headers"`
 			Schemas struct {
 				Problem struct {
 					Properties struct {
@@ -61,7 +64,8 @@ func TestOpenAPIFragment(t *testing.T) {
 	slices.Sort(got)
 	require.Equal(t, want, got)
 
-	for _, code := range []string{"IdempotencyKeyInvalid", "IdempotencyRequestInProgress", "IdempotencyKeyReused"} {
+	require.Contains(t, doc.Components.Headers, "IdempotencyKeyExpires")
+	for _, code := range []string{"IdempotencyKeyInvalid", "IdempotencyRequestInProgress", "IdempotencyKeyReused", "IdempotencyKeyRateExceeded"} {
 		require.Contains(t, doc.Components.Responses, code)
 	}
 	n := 0

@@ -25,7 +25,13 @@ const (
 	// ProblemBodyTooLarge (413): the body is over the route's MaxBodyBytes.
 	ProblemBodyTooLarge = problemBase + "body-too-large"
 	// ProblemKeyReused (422): the key was used with another request
-	// (method, path, body or fingerprinted headers differ).
+	// (method, path, body or fingerprinted headers differ). Its
+	// "differences" member, when present, names what differs (never the
+	// values): "method", "path", "content-type", "query:<name>",
+	// "header:<Name>", "form:<field>", "body:<JSON pointer>", or "body"
+	// for a body compared whole. It is absent when the key was recorded
+	// without that detail (by a release before it, or with
+	// Config.LegacyFingerprints).
 	ProblemKeyReused = problemBase + "key-reused"
 	// ProblemKeyFailed (422): the key's operation failed for good (a
 	// consumer dead-lettered it, or a lease-mode response could not be
@@ -34,6 +40,11 @@ const (
 	// ProblemQuotaExceeded (429): the tenant holds too many live keys in
 	// this scope.
 	ProblemQuotaExceeded = problemBase + "quota-exceeded"
+	// ProblemKeyRateExceeded (429): the tenant started its limit of new
+	// keys in the current window (RouteConfig.KeyRate); Retry-After says
+	// when the window ends. Nothing was recorded: the same key may be
+	// sent again then.
+	ProblemKeyRateExceeded = problemBase + "key-rate-exceeded"
 	// ProblemResponseTooLarge (500): the handler's response is over the
 	// route's MaxResponseBytes, so it could not be stored.
 	ProblemResponseTooLarge = problemBase + "response-too-large"
@@ -62,6 +73,8 @@ type problem struct {
 	Title  string `json:"title"`
 	Status int    `json:"status"`
 	Detail string `json:"detail,omitempty"`
+	// Differences is key-reused's extension member.
+	Differences []string `json:"differences,omitempty"`
 }
 
 var problemTitles = map[string]string{
@@ -73,6 +86,7 @@ var problemTitles = map[string]string{
 	ProblemKeyReused:         "Idempotency-Key reused",
 	ProblemKeyFailed:         "Operation failed",
 	ProblemQuotaExceeded:     "Too many live Idempotency-Keys",
+	ProblemKeyRateExceeded:   "Too many new Idempotency-Keys",
 	ProblemResponseTooLarge:  "Response too large to store",
 	ProblemNotCommitted:      "Operation not committed",
 	ProblemReplayUnavailable: "Stored response unavailable",
@@ -81,16 +95,17 @@ var problemTitles = map[string]string{
 	"about:blank":            "Internal Server Error",
 }
 
-// problemJSON encodes a problem body.
-func problemJSON(typ string, status int, detail string) []byte {
-	b, _ := json.Marshal(problem{Type: typ, Title: problemTitles[typ], Status: status, Detail: detail})
-	return b
-}
-
 // writeProblem answers with a problem; extra headers (Retry-After, the
 // replay header) are set first.
 func writeProblem(w http.ResponseWriter, typ string, status int, detail string, extra ...string) {
-	body := problemJSON(typ, status, detail)
+	writeProblemOf(w, problem{Type: typ, Status: status, Detail: detail}, extra...)
+}
+
+// writeProblemOf answers with p, titled after its type.
+func writeProblemOf(w http.ResponseWriter, p problem, extra ...string) {
+	p.Title = problemTitles[p.Type]
+	body, _ := json.Marshal(p)
+	status := p.Status
 	h := w.Header()
 	for i := 0; i+1 < len(extra); i += 2 {
 		h.Set(extra[i], extra[i+1])

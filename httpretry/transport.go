@@ -7,8 +7,10 @@
 package httpretry
 
 import (
+	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"slices"
@@ -37,6 +39,13 @@ import (
 // GetBody is sent once. The last response (or error) is returned when the
 // attempts run out; a Retry-After header is honoured, up to Backoff.Max
 // (DefaultBackoffMax, 5 s, when unset).
+//
+// A server that says until when it remembers the key (ExpiresHeader, as
+// httpbridge does on every answer about a key) is not sent the key after
+// that time, when it would run the request as a new one: instead of such
+// a retry, RoundTrip returns an *OutcomeUnknownError (ErrOutcomeUnknown),
+// carrying the key and the last answer, as whether the operation happened
+// is then unknown.
 type Transport struct {
 	// Base sends the requests. Nil: http.DefaultTransport.
 	Base http.RoundTripper
@@ -59,7 +68,66 @@ type Transport struct {
 	Backoff backoff.Backoff
 	// NewKey makes a key. Default: a random UUID v4.
 	NewKey func() string
+	// ExpiresHeader names the response header that says until when the
+	// server remembers the key (an HTTP-date). Default
+	// DefaultExpiresHeader, the one httpbridge sends.
+	ExpiresHeader string
 }
+
+// DefaultExpiresHeader is the response header that says until when the
+// server remembers the request's key.
+const DefaultExpiresHeader = "Idempotency-Key-Expires"
+
+// ExpiryMargin is how long before the key's expiry the transport stops
+// retrying with it: a retry must reach the server before the key expires.
+// The expiry is read against the response's Date header, so that the
+// client's clock does not matter; without a Date header it is compared
+// with the client's clock.
+const ExpiryMargin = time.Second
+
+// ErrOutcomeUnknown: a request was not retried because its key had expired
+// (or would have by the time of the retry) on the server, which would then
+// have run it as a new operation; whether the earlier attempts' operation
+// happened is unknown. The error is an *OutcomeUnknownError. Find out from
+// the resource itself (a GET), then send the operation again, if need be,
+// with a new key.
+var ErrOutcomeUnknown = errors.New("httpretry: the key expired before the outcome was known")
+
+// OutcomeUnknownError is the error of a request not retried because its
+// key expired. It matches ErrOutcomeUnknown, and unwraps to the last
+// attempt's error when that attempt got no answer.
+type OutcomeUnknownError struct {
+	// Key is the request's idempotency key.
+	Key string
+	// Expires is when the server said the key expires, on the server's
+	// clock.
+	Expires time.Time
+	// Response is the last answer (a 409 or a 503, say), its body read
+	// into memory (at most 64 KiB) so that it can be read after the
+	// connection is gone; nil when the last attempt got no answer.
+	Response *http.Response
+	// Err is the last attempt's error when it got no answer.
+	Err error
+}
+
+// Error names the key, its expiry and the last attempt's answer.
+func (e *OutcomeUnknownError) Error() string {
+	last := "no answer"
+	switch {
+	case e.Response != nil:
+		last = e.Response.Status
+	case e.Err != nil:
+		last = e.Err.Error()
+	}
+	return fmt.Sprintf("httpretry: key %s expired at %s before the outcome was known (last attempt: %s)",
+		e.Key, e.Expires.UTC().Format(time.RFC3339), last)
+}
+
+// Is makes an *OutcomeUnknownError match ErrOutcomeUnknown.
+func (e *OutcomeUnknownError) Is(target error) bool { return target == ErrOutcomeUnknown }
+
+// Unwrap returns the last attempt's error, if it got no answer.
+func (e *OutcomeUnknownError) Unwrap() error { return e.Err }
 
 // DefaultHeader is the request header that carries the key.
 const DefaultHeader = "Idempotency-Key"
@@ -104,6 +172,17 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 		}
 		attempt.Header.Set(name, newKey())
 	}
+	key := attempt.Header.Get(name)
+	for _, alt := range alts {
+		if key == "" {
+			key = attempt.Header.Get(alt)
+		}
+	}
+	expiresHeader := t.ExpiresHeader
+	if expiresHeader == "" {
+		expiresHeader = DefaultExpiresHeader
+	}
+	var exp expiry
 	attempts := t.MaxAttempts
 	if attempts <= 0 {
 		attempts = 4
@@ -122,6 +201,9 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			attempt.Body = body
 		}
 		resp, err := base.RoundTrip(attempt)
+		if resp != nil {
+			exp.update(resp.Header, expiresHeader, time.Now())
+		}
 		if n >= attempts || !retryable(resp, err) || ctx.Err() != nil {
 			return resp, err
 		}
@@ -130,9 +212,14 @@ func (t *Transport) RoundTrip(req *http.Request) (*http.Response, error) {
 			if ra, ok := retryAfter(resp.Header.Get("Retry-After")); ok && ra > wait {
 				wait = ra
 			}
-			drain(resp.Body)
 		}
 		wait = min(wait, t.policy().Max)
+		if exp.passedBy(time.Now().Add(wait + ExpiryMargin)) {
+			return nil, exp.unknown(key, resp, err)
+		}
+		if resp != nil {
+			drain(resp.Body)
+		}
 		if err := backoff.Sleep(ctx, wait); err != nil {
 			return nil, err
 		}
@@ -180,4 +267,41 @@ func retryAfter(v string) (time.Duration, bool) {
 func drain(b io.ReadCloser) {
 	_, _ = io.CopyN(io.Discard, b, 64<<10)
 	_ = b.Close()
+}
+
+// expiry is what the server said of the key's expiry, on the client's
+// clock.
+type expiry struct {
+	at       time.Time // the server's value
+	deadline time.Time // the same instant on the client's clock
+}
+
+// update reads the expiry header of a response received at now.
+func (e *expiry) update(h http.Header, name string, now time.Time) {
+	at, err := http.ParseTime(h.Get(name))
+	if err != nil {
+		return
+	}
+	e.at, e.deadline = at, at
+	if date, err := http.ParseTime(h.Get("Date")); err == nil {
+		// Both on the server's clock; Date is rounded down to the second,
+		// so the time left may be up to a second less than it reads.
+		e.deadline = now.Add(at.Sub(date) - time.Second)
+	}
+}
+
+// passedBy reports whether the key will have expired by t.
+func (e *expiry) passedBy(t time.Time) bool { return !e.deadline.IsZero() && !t.Before(e.deadline) }
+
+// unknown is the error for a retry not sent: the last answer, its body
+// read into memory.
+func (e *expiry) unknown(key string, resp *http.Response, err error) *OutcomeUnknownError {
+	ou := &OutcomeUnknownError{Key: key, Expires: e.at, Err: err}
+	if resp != nil {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 64<<10))
+		_ = resp.Body.Close()
+		resp.Body = io.NopCloser(bytes.NewReader(b))
+		ou.Response = resp
+	}
+	return ou
 }

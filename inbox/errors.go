@@ -60,11 +60,35 @@ var (
 
 	// ErrConfig: the Config is invalid. The error says which field.
 	ErrConfig = errors.New("justonce/inbox: invalid config")
+
+	// ErrPermanent marks a failure that retrying cannot cure (a card
+	// declined, a request the far side refuses for good). Mark an error
+	// with Permanent. A handler run by DoSteps that returns one has its
+	// key's completed steps compensated and the key recorded failed;
+	// every other error leaves the key to be retried, resuming after its
+	// recorded steps.
+	ErrPermanent = errors.New("justonce/inbox: permanent failure")
 )
+
+// Permanent marks err as permanent: errors.Is(Permanent(err), ErrPermanent)
+// holds, and the error reads and unwraps as err. Permanent(nil) is nil.
+func Permanent(err error) error {
+	if err == nil {
+		return nil
+	}
+	return &permanentError{err}
+}
+
+// permanentError is an error marked with Permanent.
+type permanentError struct{ err error }
+
+func (e *permanentError) Error() string        { return e.err.Error() }
+func (e *permanentError) Unwrap() error        { return e.err }
+func (e *permanentError) Is(target error) bool { return target == ErrPermanent }
 
 // KeyError says which part of a key was rejected and why.
 type KeyError struct {
-	Field  string // "scope", "tenant" or "event_id"
+	Field  string // "scope", "tenant", "event_id", or "step" (a step's name, DoSteps)
 	Reason string
 }
 

@@ -85,7 +85,8 @@ func AtCommit(ctx context.Context, tx pgx.Tx, sql string, args ...any) bool {
 
 // WithEvent returns a context that says a handler for key k is running in
 // it, with a fresh Sequence. The ledger sets it for the handlers it runs
-// (Do, DoTx, DoLeased); a front that runs several events' handlers in one
+// (Do, DoTx, DoLeased, DoSteps; inside a step of DoSteps it is the step's
+// own key, see Steps.Tx); a front that runs several events' handlers in one
 // transaction (DoBatch) sets it for each event's handler itself.
 func WithEvent(ctx context.Context, k Key) context.Context {
 	return context.WithValue(ctx, eventCtxKey{}, &eventRun{key: k})

@@ -23,6 +23,8 @@ var ErrJanitorBusy = errors.New("justonce/inbox: another janitor is purging this
 
 // Purge deletes expired rows, cfg.BatchSize at a time with cfg.Pause
 // between batches, until none are left, and returns how many it deleted.
+// Then it deletes the expired recorded steps (DoSteps) in the same way,
+// on both layouts, without counting them.
 // Each batch is one short statement that skips rows another transaction
 // holds and rows whose lease still runs. Only one instance purges a ledger
 // at a time: when another holds the janitor lock Purge returns
@@ -51,15 +53,40 @@ func (l *Ledger) Purge(ctx context.Context, cfg JanitorConfig) (deleted int64, e
 			return deleted, ErrJanitorBusy
 		}
 		if !more {
+			break
+		}
+		if err := pause(ctx, cfg.Pause); err != nil {
+			return deleted, err
+		}
+	}
+	// The expired steps (DoSteps), in batches under the same lock; they
+	// are not counted.
+	for {
+		_, more, locked, err := l.store.rows.purgeSteps(ctx, l.pool, cfg.BatchSize)
+		if err != nil {
+			return deleted, storeErr("purge steps", err)
+		}
+		if !locked {
+			return deleted, ErrJanitorBusy
+		}
+		if !more {
 			return deleted, nil
 		}
-		t := time.NewTimer(cfg.Pause)
-		select {
-		case <-ctx.Done():
-			t.Stop()
-			return deleted, ctx.Err()
-		case <-t.C:
+		if err := pause(ctx, cfg.Pause); err != nil {
+			return deleted, err
 		}
+	}
+}
+
+// pause waits d, or until ctx ends (its error).
+func pause(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
 	}
 }
 

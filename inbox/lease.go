@@ -37,18 +37,29 @@ type LeaseFunc func(ctx context.Context, token int64) (Result, error)
 // Disposition; otherwise a nil Lease and the Outcome (Duplicate, InFlight,
 // Mismatch), waiting up to the lock wait while the key is held.
 func (l *Ledger) AcquireLease(ctx context.Context, req Request, d time.Duration) (*Lease, Outcome, error) {
+	lease, _, out, err := l.acquireLease(ctx, req, d, false)
+	return lease, out, err
+}
+
+// acquireLease is AcquireLease; with steps (DoSteps) the claim's round
+// trip also asks whether the key has recorded steps (hasSteps).
+func (l *Ledger) acquireLease(ctx context.Context, req Request, d time.Duration, steps bool) (lease *Lease, hasSteps bool, out Outcome, err error) {
 	if err := l.Validate(req); err != nil {
-		return nil, Outcome{}, err
+		return nil, false, Outcome{}, err
 	}
 	if d <= 0 {
 		d = l.cfg.LeaseDuration
 	}
-	var lease *Lease
-	out, err := l.withWait(ctx, req, func() (Outcome, error) {
+	out, err = l.withWait(ctx, req, func() (Outcome, error) {
 		s, err := l.store.get(ctx, l.pool)
 		var cr claimRow
 		if err == nil {
-			cr, err = s.claimLease(ctx, l.pool, claimParams{req: req, ttl: l.ttl(req), lease: d, owner: l.cfg.Owner})
+			p := claimParams{req: req, ttl: l.ttl(req), lease: d, owner: l.cfg.Owner}
+			if steps {
+				cr, hasSteps, err = s.claimLeaseSteps(ctx, l.pool, p)
+			} else {
+				cr, err = s.claimLease(ctx, l.pool, p)
+			}
 		}
 		if err != nil {
 			return Outcome{}, storeErr("claim", err)
@@ -59,7 +70,7 @@ func (l *Ledger) AcquireLease(ctx context.Context, req Request, d time.Duration)
 		}
 		return classify(req, cr), nil
 	})
-	return lease, out, err
+	return lease, hasSteps, out, err
 }
 
 // Key returns the leased key.
@@ -121,6 +132,18 @@ func (ls *Lease) Abandon(ctx context.Context) error {
 	return ls.check(ok, err, "abandon")
 }
 
+// lapse ends the lease now without deleting the key's row (Abandon
+// deletes it): the row stays processing under a lease that ran out, so the
+// key keeps its fingerprint and its recorded steps, and the next caller
+// takes it over at once, with a larger fencing token, and resumes.
+func (ls *Lease) lapse(ctx context.Context) error {
+	if err := ls.finish(); err != nil {
+		return err
+	}
+	ok, err := ls.s.leaseLapse(ctx, ls.l.pool, leaseParams{key: ls.req.Key, token: ls.token})
+	return ls.check(ok, err, "abandon")
+}
+
 func (ls *Lease) finish() error {
 	ls.mu.Lock()
 	defer ls.mu.Unlock()
@@ -176,15 +199,28 @@ func (ls *Lease) KeepAlive(ctx context.Context) (lost <-chan struct{}, stop func
 // the lease is released so a retry runs fn again, and the error is returned.
 // A crash leaves the lease to expire; the next caller then runs fn again:
 // effects outside the database are at-least-once, made safe by the fencing
-// token and by an idempotent downstream.
+// token and by an idempotent downstream. Work of several effects that
+// should resume where it stopped, rather than run again whole, is DoSteps'.
 func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn LeaseFunc) (Outcome, error) {
 	lease, out, err := l.AcquireLease(ctx, req, d)
 	if err != nil || lease == nil {
 		return out, err
 	}
+	return lease.run(ctx, func(ctx context.Context, _ <-chan struct{}) (Result, error) {
+		return fn(ctx, lease.Token())
+	}, lease.Abandon)
+}
+
+// run runs work under the lease, renewing it while work runs, and records
+// work's result. work's context is cancelled if the lease is lost (lost is
+// closed then). On error or panic giveUp is called, with a context of its
+// own, and the error returned (a panic goes on).
+func (ls *Lease) run(ctx context.Context, work func(ctx context.Context, lost <-chan struct{}) (Result, error),
+	giveUp func(context.Context) error) (Outcome, error) {
+	l, req := ls.l, ls.req
 	runCtx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	lost, stop := lease.KeepAlive(runCtx)
+	lost, stop := ls.KeepAlive(runCtx)
 	go func() {
 		select {
 		case <-lost:
@@ -193,17 +229,18 @@ func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn 
 		}
 	}()
 	var res Result
+	var err error
 	func() {
 		ok := false
 		defer func() {
 			if !ok {
 				stop()
 				rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), 5*time.Second)
-				_ = lease.Abandon(rctx)
+				_ = giveUp(rctx)
 				rcancel()
 			}
 		}()
-		res, err = fn(WithEvent(runCtx, req.Key), lease.Token())
+		res, err = work(WithEvent(runCtx, req.Key), lost)
 		ok = err == nil
 	}()
 	if err != nil {
@@ -216,8 +253,8 @@ func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn 
 	// The caller's cancellation does not stop it at once, but it gives up
 	// one lease duration after the caller's context ended.
 	cctx, ccancel := context.WithCancel(context.WithoutCancel(ctx))
-	stopAfter := context.AfterFunc(ctx, func() { time.AfterFunc(lease.dur, ccancel) })
-	err = lease.CompleteRetrying(cctx, res, lost)
+	stopAfter := context.AfterFunc(ctx, func() { time.AfterFunc(ls.dur, ccancel) })
+	err = ls.CompleteRetrying(cctx, res, lost)
 	stopAfter()
 	ccancel()
 	stop()
@@ -225,7 +262,7 @@ func (l *Ledger) DoLeased(ctx context.Context, req Request, d time.Duration, fn 
 		l.observe(req, Outcome{}, err)
 		return Outcome{}, err
 	}
-	out = Outcome{Disposition: Executed, Result: res}
+	out := Outcome{Disposition: Executed, Result: res}
 	l.observe(req, out, nil)
 	return out, nil
 }

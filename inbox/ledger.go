@@ -395,13 +395,19 @@ func (l *Ledger) runClaimed(ctx context.Context, conn *pgx.Conn, s ledgerStore, 
 // wrapped as a StoreError (Op "handler"), so that it reads as the
 // unavailability it is.
 func runHandler(ctx context.Context, conn *pgx.Conn, fn TxFunc) (res Result, err error) {
+	return runHandlerTx(ctx, conn, &ownedTx{conn: conn}, fn)
+}
+
+// runHandlerTx is runHandler with tx, the transaction fn gets; one that
+// has not begun yet (a Postgres step's, whose first statement begins it)
+// may be idle when fn returns.
+func runHandlerTx(ctx context.Context, conn *pgx.Conn, tx pgx.Tx, fn TxFunc) (res Result, err error) {
 	ok := false
 	defer func() {
 		if !ok {
 			rollback(conn)
 		}
 	}()
-	tx := &ownedTx{conn: conn}
 	if r := runOf(ctx); r != nil && r.deferring {
 		r.mu.Lock()
 		r.tx = tx
@@ -409,7 +415,8 @@ func runHandler(ctx context.Context, conn *pgx.Conn, fn TxFunc) (res Result, err
 	}
 	res, err = fn(ctx, tx)
 	err = handlerErr(conn.PgConn(), err)
-	if pc := conn.PgConn(); err == nil && !pc.IsClosed() && pc.TxStatus() == 'I' {
+	lazy, isLazy := tx.(interface{ begun() bool })
+	if pc := conn.PgConn(); err == nil && !pc.IsClosed() && pc.TxStatus() == 'I' && (!isLazy || lazy.begun()) {
 		// COMMIT or ROLLBACK sent through Exec: the key's lock went with
 		// the transaction, and what the handler wrote is no longer tied to
 		// the ledger's row.

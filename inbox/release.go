@@ -59,7 +59,9 @@ func (e *CacheError) Is(target error) bool {
 
 // Release deletes k's row whatever its state, so the key is new again: the
 // operator's tool for a stuck key, or a failed one whose cause was fixed.
-// It reports whether a row was there.
+// It reports whether a row was there. The key's recorded steps (DoSteps)
+// are deleted with the row, in the same transaction: the next attempt runs
+// every step again.
 //
 // With Redis configured, Release also deletes the key's cached result and
 // Redis lock, after the row. When it returns a nil error, no call that
@@ -88,7 +90,9 @@ func (l *Ledger) Release(ctx context.Context, k Key) (bool, error) {
 // row's expiry), is left as it is: ReleaseStuck then returns false with an
 // error matching ErrNotStuck.
 // The check and the delete are one statement, so a key that completes
-// while ReleaseStuck runs is never released. It reports whether a row was
+// while ReleaseStuck runs is never released. A key's recorded steps
+// (DoSteps) go with its row, as with Release; a key left with steps and no
+// row has them deleted. It reports whether a row was
 // deleted; false with a nil error means there was no live row. Redis is
 // handled as by Release.
 func (l *Ledger) ReleaseStuck(ctx context.Context, k Key) (bool, error) {

@@ -16,11 +16,21 @@ type Counters struct {
 	// answered after one or more had failed (after a Sentinel failover,
 	// the first call the new master answers): the fast path is back.
 	RedisRecoveries uint64
-	LeasesLost      uint64 // leases found taken over or released when renewing or completing
+	LeasesLost      uint64 // leases found taken over or released when renewing, completing or recording a step
+
+	// Steps (DoSteps) this process ran and recorded, by kind: Postgres
+	// steps (Steps.Tx), outside calls (Steps.Call) and compensations.
+	StepsTx, StepsCall, StepsCompensate uint64
+	// StepsResumed counts steps skipped because they were recorded
+	// already: an attempt resuming after an earlier one failed, crashed or
+	// lost its lease (compensations resumed included).
+	StepsResumed uint64
 }
 
 type counters struct {
 	executed, duplicates, cacheHits, inFlight, mismatches, errors, redisFallbacks, redisRecoveries, leasesLost atomic.Uint64
+
+	stepsTx, stepsCall, stepsCompensate, stepsResumed atomic.Uint64
 }
 
 // Counters returns a snapshot of the running totals.
@@ -30,6 +40,8 @@ func (l *Ledger) Counters() Counters {
 		Executed: c.executed.Load(), Duplicates: c.duplicates.Load(), CacheHits: c.cacheHits.Load(),
 		InFlight: c.inFlight.Load(), Mismatches: c.mismatches.Load(), Errors: c.errors.Load(),
 		RedisFallbacks: c.redisFallbacks.Load(), RedisRecoveries: c.redisRecoveries.Load(), LeasesLost: c.leasesLost.Load(),
+		StepsTx: c.stepsTx.Load(), StepsCall: c.stepsCall.Load(), StepsCompensate: c.stepsCompensate.Load(),
+		StepsResumed: c.stepsResumed.Load(),
 	}
 }
 

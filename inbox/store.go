@@ -96,6 +96,10 @@ type ledgerStore interface {
 	// claimLease claims one key outside any transaction of the caller's
 	// (lease mode with p.lease > 0): the claimed row, or the row found.
 	claimLease(ctx context.Context, q querier, p claimParams) (claimRow, error)
+	// claimLeaseSteps is claimLease for DoSteps: in the claim's round
+	// trip it also asks whether the key has recorded steps (hasSteps,
+	// for a key claimed), which loadSteps then reads.
+	claimLeaseSteps(ctx context.Context, q querier, p claimParams) (cr claimRow, hasSteps bool, err error)
 
 	// recordFailure records a dead-lettered key as failed, unless it is
 	// done: false when it left the row as it was.
@@ -139,6 +143,28 @@ type rowVerbs interface {
 	// replication reads how the server replicates the session's commits
 	// (CheckReplication): the settings, and its walsenders.
 	replication(ctx context.Context, q querier) (Replication, error)
+
+	// The recorded steps of keys run with DoSteps (processed_steps); the
+	// table is the same on both layouts.
+	//
+	// loadSteps returns the live steps of a key just claimed under
+	// token, in order, after deleting its expired ones and giving the
+	// others the key's expiry, so that they go with it.
+	loadSteps(ctx context.Context, q querier, k Key, token int64) ([]Step, error)
+	// recordStep records a step while the key's row is processing under
+	// p.token (see isStepFenced for the refusal); queueRecordStep queues
+	// that statement on b (a Postgres step's, sent with its COMMIT).
+	recordStep(ctx context.Context, q querier, p stepParams) error
+	queueRecordStep(b *pgx.Batch, p stepParams)
+	// steps returns the live steps of k, in order.
+	steps(ctx context.Context, q querier, k Key) ([]Step, error)
+	// leaseLapse ends a lease now, keeping its row (and steps): false
+	// when the row is not processing under the lease's token.
+	leaseLapse(ctx context.Context, q querier, p leaseParams) (bool, error)
+	// purgeSteps deletes up to limit expired steps under the janitor
+	// lock, as purge does rows: more when the batch was full, locked false
+	// when another janitor holds the lock.
+	purgeSteps(ctx context.Context, q querier, limit int) (n int64, more, locked bool, err error)
 }
 
 // The verbs' parameters.
@@ -181,6 +207,16 @@ type (
 		errText  string
 		ttl      time.Duration
 	}
+	// stepParams: step name of key, recorded under the lease token as the
+	// seq-th step of the key, of kind, with its output.
+	stepParams struct {
+		key    Key
+		name   string
+		kind   StepKind
+		seq    int
+		output []byte
+		token  int64
+	}
 	// insertManyParams: the rows of reqs[i] for i in idx, with their
 	// results (nil: none) and their run time: took for each, or, when
 	// tooks is set, tooks[j] for reqs[idx[j]].
@@ -221,6 +257,7 @@ type querier interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	QueryRow(ctx context.Context, sql string, args ...any) pgx.Row
+	SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 }
 
 // storeSlot holds a ledger's store, chosen at its first use: the layout is
@@ -290,6 +327,8 @@ type rowStore struct {
 	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
 	releaseSQL, releaseStuckSQL                           string
 	knownSQL, liveSQL, statsSQL                           string
+
+	stepsSQL // processed_steps' statements
 }
 
 var _, _ ledgerStore = (*plainStore)(nil), (*bucketStore)(nil)
@@ -298,7 +337,8 @@ func newRowStore(schema string) *rowStore {
 	s := &rowStore{schema: schema}
 	s.table = s.ident("processed_events")
 	s.oid = "(('" + strings.ReplaceAll(s.table, "'", "''") + "'::regclass)::oid::bigint << 32)"
-	s.names = strings.NewReplacer("{T}", s.table, "{SEQ}", s.ident("processed_events_fencing_seq"), "{OID}", s.oid)
+	s.names = strings.NewReplacer("{T}", s.table, "{SEQ}", s.ident("processed_events_fencing_seq"), "{OID}", s.oid,
+		"{S}", s.ident("processed_steps"))
 	r := s.names
 
 	s.lookupSQL = r.Replace(`SELECT ` + s.cols("e") + ` FROM {T} e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3`)
@@ -353,6 +393,7 @@ func newRowStore(schema string) *rowStore {
 
 	s.statsSQL = r.Replace(`SELECT scope, status, count(*), min(lease_until) FILTER (WHERE status = 'processing')
 		FROM {T} WHERE expires_at > now() GROUP BY scope, status ORDER BY scope, status`)
+	s.stepsSQL = newStepsSQL(r)
 	return s
 }
 
@@ -801,16 +842,23 @@ func (s *rowStore) leaseAbandon(ctx context.Context, q querier, p leaseParams) (
 
 func (s *rowStore) release(ctx context.Context, q querier, k Key) (ok bool, err error) {
 	err = retryMoved(func() error {
-		tag, err := q.Exec(ctx, s.releaseSQL, k.Scope, k.Tenant, k.ID)
-		ok = tag.RowsAffected() == 1
-		return err
+		return s.withStepsReleased(ctx, q, k, func(b *pgx.Batch) {
+			b.Queue(s.releaseSQL, k.Scope, k.Tenant, k.ID).Exec(func(tag pgconn.CommandTag) error {
+				ok = tag.RowsAffected() == 1
+				return nil
+			})
+		})
 	})
 	return ok, err
 }
 
 func (s *rowStore) releaseStuck(ctx context.Context, q querier, k Key) (deleted, live bool, err error) {
 	err = retryMoved(func() error {
-		return q.QueryRow(ctx, s.releaseStuckSQL, k.Scope, k.Tenant, k.ID).Scan(&deleted, &live)
+		return s.withStepsReleased(ctx, q, k, func(b *pgx.Batch) {
+			b.Queue(s.releaseStuckSQL, k.Scope, k.Tenant, k.ID).QueryRow(func(row pgx.Row) error {
+				return row.Scan(&deleted, &live)
+			})
+		})
 	})
 	return deleted, live && !deleted, err
 }
@@ -976,3 +1024,205 @@ func isNoPartition(err error) bool {
 	var pgErr *pgconn.PgError
 	return errors.As(err, &pgErr) && pgErr.Code == "23514" && strings.HasPrefix(pgErr.Message, "no partition of relation")
 }
+
+// stepsSQL are the statements on processed_steps, the recorded steps of
+// keys run with DoSteps (migration 4). They are the same on both layouts:
+// the steps table is not partitioned, and they find a key's ledger row
+// through processed_events, wherever its bucket (a takeover may move it).
+type stepsSQL struct {
+	hasStepsSQL                               string
+	loadStepsSQL, recordStepSQL, listStepsSQL string
+	leaseLapseSQL, releaseStepsSQL            string
+	purgeStepsSQL                             string
+}
+
+func newStepsSQL(r *strings.Replacer) stepsSQL {
+	var q stepsSQL
+	// hasStepsSQL: whether a key has steps, live or expired (then
+	// loadStepsSQL reads them); sent with the claim.
+	q.hasStepsSQL = r.Replace(`SELECT EXISTS (SELECT 1 FROM {S} WHERE scope = $1 AND tenant = $2 AND event_id = $3)`)
+	// loadStepsSQL runs after a claim ($4: its token). Steps that expired
+	// belong to an earlier life of the key (its row expired, or was
+	// released while they stayed): they are deleted, so that the key's
+	// steps are recorded anew. The live ones take the row's expiry, so
+	// that they expire with the key however often it is taken over. The
+	// outer SELECT sees the table as the statement began, without the
+	// effects of its parts: the live steps, whether or not the lease still
+	// holds (a step's record is fenced anyway).
+	q.loadStepsSQL = r.Replace(`WITH gone AS (
+	DELETE FROM {S} WHERE scope = $1 AND tenant = $2 AND event_id = $3 AND expires_at <= now()
+), kept AS (
+	UPDATE {S} s SET expires_at = e.expires_at FROM {T} e
+	WHERE s.scope = $1 AND s.tenant = $2 AND s.event_id = $3 AND s.expires_at > now()
+		AND e.scope = $1 AND e.tenant = $2 AND e.event_id = $3 AND e.fencing_token = $4
+		AND e.status = 'processing' AND s.expires_at <> e.expires_at
+)
+SELECT step, kind, seq, output, token, completed_at FROM {S}
+WHERE scope = $1 AND tenant = $2 AND event_id = $3 AND expires_at > now() ORDER BY seq`)
+
+	// recordStepSQL is the fenced record of a step: its expiry is the
+	// key's row's, read only while the row is processing under the
+	// holder's token ($8), and locked (FOR SHARE) until the record
+	// commits. Otherwise the expiry is NULL and the INSERT fails on
+	// expires_at's NOT NULL (isStepFenced): a Postgres step's writes,
+	// sent in the same transaction, roll back with it. A takeover
+	// (another token) that committed first is seen; one that is under
+	// way waits for the lock and then finds this step recorded; one that
+	// holds the row first makes this statement wait, then read the new
+	// token. The row's status and token are the lease's: a lease that ran
+	// out but was not taken over still records, as nobody else can run.
+	q.recordStepSQL = r.Replace(`INSERT INTO {S} (scope, tenant, event_id, step, seq, kind, output, token,
+		completed_at, expires_at)
+	VALUES ($1, $2, $3, $4, $5, $6, $7, $8, clock_timestamp(),
+		(SELECT e.expires_at FROM {T} e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3
+			AND e.fencing_token = $8 AND e.status = 'processing' FOR SHARE))`)
+
+	q.listStepsSQL = r.Replace(`SELECT step, kind, seq, output, token, completed_at FROM {S}
+	WHERE scope = $1 AND tenant = $2 AND event_id = $3 AND expires_at > now() ORDER BY seq`)
+
+	// leaseLapseSQL ends a lease now, leaving the row (with its
+	// fingerprint) and its steps for the next caller to take over.
+	q.leaseLapseSQL = r.Replace(`UPDATE {T} SET lease_until = now()
+	WHERE scope = $1 AND tenant = $2 AND event_id = $3 AND fencing_token = $4 AND status = 'processing'`)
+
+	// releaseStepsSQL deletes a key's steps once it has no row, in the
+	// transaction that deleted the row (Release, ReleaseStuck): a step
+	// recorded before the row's DELETE took the row (it waited for the
+	// record's lock) is seen by this later statement; one recorded after
+	// is fenced out, as the row is gone.
+	q.releaseStepsSQL = r.Replace(`DELETE FROM {S} WHERE scope = $1 AND tenant = $2 AND event_id = $3
+	AND NOT EXISTS (SELECT 1 FROM {T} WHERE scope = $1 AND tenant = $2 AND event_id = $3)`)
+
+	// purgeStepsSQL: the janitor's batch on the steps, as plainStore's
+	// purgeSQL on rows, under the same lock.
+	q.purgeStepsSQL = r.Replace(`
+WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1::bigint # {OID}) AS ok),
+d AS (
+	DELETE FROM {S} WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM {S}
+		WHERE (SELECT ok FROM l) AND expires_at <= now()
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED))
+	RETURNING 1
+)
+SELECT (SELECT ok FROM l), count(*) FROM d`)
+	return q
+}
+
+// isStepFenced reports whether err is a step's record refused by its
+// fence (recordStepSQL): the key's row was not processing under the
+// recording lease's token: taken over, completed, failed or released. On
+// the time-bucket layout a takeover that moved the row to another bucket
+// while the record waited for it refuses the record too (40001).
+func isStepFenced(err error) bool {
+	var pgErr *pgconn.PgError
+	if !errors.As(err, &pgErr) {
+		return false
+	}
+	return pgErr.Code == "23502" && pgErr.TableName == "processed_steps" && pgErr.ColumnName == "expires_at" ||
+		pgErr.Code == "40001" && strings.Contains(pgErr.Message, "moved to another partition")
+}
+
+// isStepConflict reports whether err is the steps' primary key refusing a
+// record: the step is recorded already (an earlier try whose answer was
+// lost).
+func isStepConflict(err error) bool {
+	var pgErr *pgconn.PgError
+	return errors.As(err, &pgErr) && pgErr.Code == "23505" && pgErr.ConstraintName == "processed_steps_pkey"
+}
+
+func stepArgs(p stepParams) []any {
+	return []any{p.key.Scope, p.key.Tenant, p.key.ID, p.name, p.seq, string(p.kind), p.output, p.token}
+}
+
+func (s *rowStore) recordStep(ctx context.Context, q querier, p stepParams) error {
+	_, err := q.Exec(ctx, s.recordStepSQL, stepArgs(p)...)
+	return err
+}
+
+func (s *rowStore) queueRecordStep(b *pgx.Batch, p stepParams) {
+	b.Queue(s.recordStepSQL, stepArgs(p)...)
+}
+
+// claimOneSteps is claimOne, with the question whether the key has
+// recorded steps in the claim's round trip.
+func (s *rowStore) claimOneSteps(ctx context.Context, q querier, sql string, p claimParams) (claimRow, bool, error) {
+	var c claimedScan
+	claimed, has := false, false
+	k := p.req.Key
+	b := &pgx.Batch{}
+	queueClaimOne(b, sql, p, &c, &claimed)
+	b.Queue(s.hasStepsSQL, k.Scope, k.Tenant, k.ID).QueryRow(func(row pgx.Row) error { return row.Scan(&has) })
+	if err := q.SendBatch(ctx, b).Close(); err != nil {
+		return claimRow{}, false, err
+	}
+	if claimed {
+		return claimRow{claimed: true, rec: c.record(p.req, p.lease, p.owner), live: true, leased: p.lease > 0}, has, nil
+	}
+	rec, live, err := s.lookup(ctx, q, k)
+	return claimRow{rec: rec, live: live}, false, err
+}
+
+func (s *rowStore) loadSteps(ctx context.Context, q querier, k Key, token int64) ([]Step, error) {
+	rows, err := q.Query(ctx, s.loadStepsSQL, k.Scope, k.Tenant, k.ID, token)
+	return collectSteps(rows, err)
+}
+
+func (s *rowStore) steps(ctx context.Context, q querier, k Key) ([]Step, error) {
+	rows, err := q.Query(ctx, s.listStepsSQL, k.Scope, k.Tenant, k.ID)
+	return collectSteps(rows, err)
+}
+
+func collectSteps(rows pgx.Rows, err error) ([]Step, error) {
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (Step, error) {
+		var st Step
+		var kind string
+		var seq int32
+		err := row.Scan(&st.Name, &kind, &seq, &st.Output, &st.Token, &st.CompletedAt)
+		st.Kind, st.Seq = StepKind(kind), int(seq)
+		return st, err
+	})
+}
+
+func (s *rowStore) leaseLapse(ctx context.Context, q querier, p leaseParams) (bool, error) {
+	tag, err := q.Exec(ctx, s.leaseLapseSQL, p.key.Scope, p.key.Tenant, p.key.ID, p.token)
+	return tag.RowsAffected() == 1, err
+}
+
+// withStepsReleased runs, in one transaction and one round trip, the
+// statement queue queues (a release of k's row) and the delete of k's
+// steps when no row is left.
+func (s *rowStore) withStepsReleased(ctx context.Context, q querier, k Key, queue func(*pgx.Batch)) error {
+	b := &pgx.Batch{}
+	b.Queue(sqlBegin)
+	queue(b)
+	b.Queue(s.releaseStepsSQL, k.Scope, k.Tenant, k.ID)
+	b.Queue(sqlCommit)
+	return q.SendBatch(ctx, b).Close()
+}
+
+func (s *rowStore) purgeSteps(ctx context.Context, q querier, limit int) (n int64, more, locked bool, err error) {
+	err = q.QueryRow(ctx, s.purgeStepsSQL, s.janitorLockKey(), limit).Scan(&locked, &n)
+	return n, n >= int64(limit), locked, err
+}
+
+// The new-key rate limit's counts (table key_rate, migration 3), which
+// inbox/keyrate.go keeps when the ledger has no Redis.
+
+// keyRateCountSQL adds a key to its tenant's count, starting the count
+// afresh in a later window; the table's CHECK refuses a count over
+// max_keys.
+const keyRateCountSQL = `INSERT INTO {T} AS k (name, tenant, window_start, keys, max_keys)
+VALUES ($1, $2, $3, 1, $4)
+ON CONFLICT (name, tenant) DO UPDATE SET
+	keys = CASE WHEN EXCLUDED.window_start > k.window_start THEN 1 ELSE k.keys + 1 END,
+	window_start = GREATEST(k.window_start, EXCLUDED.window_start),
+	max_keys = EXCLUDED.max_keys`
+
+const keyRatePeekSQL = `SELECT window_start, keys FROM {T} WHERE name = $1 AND tenant = $2`
+
+const keyRateUndoSQL = `UPDATE {T} SET keys = keys - 1
+WHERE name = $1 AND tenant = $2 AND window_start = $3 AND keys > 0`

@@ -211,6 +211,10 @@ func (s *bucketStore) claimLease(ctx context.Context, q querier, p claimParams) 
 	return s.claimOne(ctx, q, s.claimOneSQL, p)
 }
 
+func (s *bucketStore) claimLeaseSteps(ctx context.Context, q querier, p claimParams) (claimRow, bool, error) {
+	return s.claimOneSteps(ctx, q, s.claimOneSQL, p)
+}
+
 func (s *bucketStore) recordFailure(ctx context.Context, q querier, p failParams) (bool, error) {
 	r := p.req
 	var ok bool

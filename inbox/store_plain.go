@@ -222,6 +222,10 @@ func (s *plainStore) claimLease(ctx context.Context, q querier, p claimParams) (
 	return s.claimOne(ctx, q, s.claimOneSQL, p)
 }
 
+func (s *plainStore) claimLeaseSteps(ctx context.Context, q querier, p claimParams) (claimRow, bool, error) {
+	return s.claimOneSteps(ctx, q, s.claimOneSQL, p)
+}
+
 func (s *plainStore) recordFailure(ctx context.Context, q querier, p failParams) (bool, error) {
 	r := p.req
 	tag, err := q.Exec(ctx, s.failSQL, r.Scope, r.Tenant, r.ID, r.Fingerprint, string(r.Source), r.Principal,

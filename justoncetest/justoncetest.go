@@ -30,6 +30,8 @@ type Option func(*options)
 type options struct {
 	ledger     inbox.Config
 	migrations migrations.Config
+	dsn        string // "": DATABASE_URL
+	maxConns   int32  // 0: pgxpool's default
 }
 
 // WithConfig builds the ledger with cfg (Redis, Logger, TTLs, ...). Its
@@ -40,39 +42,55 @@ func WithConfig(cfg inbox.Config) Option { return func(o *options) { o.ledger = 
 // for one). Its Schema is replaced by the test's.
 func WithMigrations(cfg migrations.Config) Option { return func(o *options) { o.migrations = cfg } }
 
+// WithDatabase connects to dsn (a URL or a keyword/value string, as pgx
+// takes it) instead of DATABASE_URL: a Postgres the test may create
+// schemas in.
+func WithDatabase(dsn string) Option { return func(o *options) { o.dsn = dsn } }
+
+// WithMaxConns sets the size of the ledger's pool (default pgxpool's: the
+// larger of 4 and the number of CPUs). A test that holds handlers in their
+// transactions while it queries needs more.
+func WithMaxConns(n int32) Option { return func(o *options) { o.maxConns = n } }
+
 // Ledger returns a ledger in a new schema on the Postgres named by
-// DATABASE_URL, migrated, whose pool (Ledger.Pool) has its search_path set
-// to that schema. The schema and everything in it are dropped, and the pool
-// closed, when the test ends. It fails the test when DATABASE_URL is unset
-// or Postgres cannot be reached.
+// DATABASE_URL (or WithDatabase), migrated, whose pool (Ledger.Pool) has
+// its search_path set to that schema. The schema and everything in it are
+// dropped, and the pool closed, when the test ends. It fails the test when
+// DATABASE_URL is unset or Postgres cannot be reached.
 func Ledger(t testing.TB, opts ...Option) *inbox.Ledger {
 	t.Helper()
 	var o options
 	for _, f := range opts {
 		f(&o)
 	}
-	dsn := os.Getenv("DATABASE_URL")
+	dsn, from := o.dsn, "WithDatabase's connection string"
 	if dsn == "" {
-		t.Fatalf("justoncetest: DATABASE_URL is not set: set it to a Postgres the test may create schemas in, such as postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+		dsn, from = os.Getenv("DATABASE_URL"), "DATABASE_URL"
+		if dsn == "" {
+			t.Fatalf("justoncetest: DATABASE_URL is not set: set it to a Postgres the test may create schemas in, such as postgres://postgres@127.0.0.1:5432/postgres?sslmode=disable")
+		}
 	}
 	schema := "justoncetest_" + randHex(6)
 	// A URL or a keyword/value string, as pgx takes it; pgx redacts the
 	// password in its parse errors.
 	cfg, err := pgxpool.ParseConfig(dsn)
 	if err != nil {
-		t.Fatalf("justoncetest: DATABASE_URL: %v", err)
+		t.Fatalf("justoncetest: %s: %v", from, err)
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	if o.maxConns > 0 {
+		cfg.MaxConns = o.maxConns
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		t.Fatalf("justoncetest: DATABASE_URL: %v", err)
+		t.Fatalf("justoncetest: %s: %v", from, err)
 	}
 	if _, err := pool.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{schema}.Sanitize()); err != nil {
 		pool.Close()
-		t.Fatalf("justoncetest: cannot create a schema on the Postgres of DATABASE_URL (database %q on %s): %v",
-			cfg.ConnConfig.Database, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), err)
+		t.Fatalf("justoncetest: cannot create a schema on the Postgres of %s (database %q on %s): %v",
+			from, cfg.ConnConfig.Database, net.JoinHostPort(cfg.ConnConfig.Host, strconv.Itoa(int(cfg.ConnConfig.Port))), err)
 	}
 	t.Cleanup(func() { drop(t, pool, schema) })
 

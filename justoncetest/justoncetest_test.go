@@ -204,9 +204,27 @@ func TestLedgerWithKeywordValueDatabaseURL(t *testing.T) {
 	kv := fmt.Sprintf("host=%s port=%s user=%s password='%s' dbname=%s sslmode=disable",
 		u.Hostname(), u.Port(), u.User.Username(), pw, strings.TrimPrefix(u.Path, "/"))
 	t.Setenv("DATABASE_URL", kv)
+	ownSchema(t)
+}
+
+// WithDatabase names the Postgres instead of DATABASE_URL (unset here), and
+// WithMaxConns sizes the pool.
+func TestLedgerWithDatabaseAndMaxConns(t *testing.T) {
+	dsn := os.Getenv("DATABASE_URL")
+	t.Setenv("DATABASE_URL", "")
+	if maxConns := ownSchema(t, justoncetest.WithDatabase(dsn), justoncetest.WithMaxConns(7)); maxConns != 7 {
+		t.Fatalf("pool size %d, want 7", maxConns)
+	}
+}
+
+// ownSchema runs Ledger with opts in a test that ends, checks that its pool
+// used a schema of the test's own, and returns the pool's size.
+func ownSchema(t *testing.T, opts ...justoncetest.Option) (maxConns int32) {
+	t.Helper()
 	var schema string
 	f := run(func(tb testing.TB) {
-		l := justoncetest.Ledger(tb)
+		l := justoncetest.Ledger(tb, opts...)
+		maxConns = l.Pool().Config().MaxConns
 		if err := l.Pool().QueryRow(context.Background(), `SELECT current_schema()`).Scan(&schema); err != nil {
 			t.Error(err)
 		}
@@ -218,6 +236,7 @@ func TestLedgerWithKeywordValueDatabaseURL(t *testing.T) {
 	if !strings.HasPrefix(schema, "justoncetest_") {
 		t.Fatalf("search_path schema = %q, want the test's own", schema)
 	}
+	return maxConns
 }
 
 func TestLedgerWithoutDatabaseURLFails(t *testing.T) {

@@ -36,6 +36,7 @@ type ConsumerCollector struct {
 	duration     *prometheus.HistogramVec
 	retries      *prometheus.CounterVec
 	deadLettered *prometheus.CounterVec
+	headroom     *prometheus.GaugeVec
 }
 
 // NewConsumerCollector returns a collector; register it, then give each
@@ -58,6 +59,10 @@ func NewConsumerCollector(cfg ConsumerConfig) *ConsumerCollector {
 			Name: "justonce_consumer_dead_lettered_total",
 			Help: "Messages given up and dead-lettered, by reason: no_id, invalid_key, handler.",
 		}, []string{"scope", "source", "reason"}),
+		headroom: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "justonce_consumer_redelivery_headroom_seconds",
+			Help: "How long the ledger keeps an event ID beyond the broker's redelivery horizon, measured when a consumer front's Run started: the ledger TTL minus how long the topic (Kafka: retention.ms + segment.ms) or stream (JetStream: MaxAge) keeps messages. Negative: a message may come again after the ledger forgot its ID, and run again; -Inf: the broker keeps messages without a time limit.",
+		}, []string{"scope", "source", "topic"}),
 	}
 }
 
@@ -66,6 +71,7 @@ func (c *ConsumerCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.duration.Describe(ch)
 	c.retries.Describe(ch)
 	c.deadLettered.Describe(ch)
+	c.headroom.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -73,19 +79,22 @@ func (c *ConsumerCollector) Collect(ch chan<- prometheus.Metric) {
 	c.duration.Collect(ch)
 	c.retries.Collect(ch)
 	c.deadLettered.Collect(ch)
+	c.headroom.Collect(ch)
 }
 
 // Hooks returns the hooks that record a processor's work under the scope
 // and source labels; give them the processor's consumer.Config.Scope (the
 // consumer group when the transport defaults it) and Source. The retry and
 // dead-letter counters of the pair start at zero, so rate() sees their
-// first increase.
+// first increase. The headroom gauge gets a series per topic (or stream)
+// when a front's Run checks it at start (consumer.Hooks.OnHorizon).
 //
 // To keep hooks of your own, call both from one consumer.Hooks.
 func (c *ConsumerCollector) Hooks(scope string, source inbox.Source) consumer.Hooks {
 	src := string(source)
 	duration := c.duration.MustCurryWith(prometheus.Labels{"scope": scope, "source": src})
 	retries := c.retries.WithLabelValues(scope, src)
+	headroom := c.headroom.MustCurryWith(prometheus.Labels{"scope": scope, "source": src})
 	dead := map[string]prometheus.Counter{}
 	for _, r := range []string{ReasonNoID, ReasonInvalidKey, ReasonHandler} {
 		dead[r] = c.deadLettered.WithLabelValues(scope, src, r)
@@ -99,6 +108,9 @@ func (c *ConsumerCollector) Hooks(scope string, source inbox.Source) consumer.Ho
 		},
 		OnDeadLetter: func(_ *consumer.Message, cause error) {
 			dead[deadLetterReason(cause)].Inc()
+		},
+		OnHorizon: func(h consumer.Horizon) {
+			headroom.WithLabelValues(h.Topic).Set(h.Headroom())
 		},
 	}
 }

@@ -22,6 +22,10 @@
 //	justonce_ledger_redis_recoveries_total              Redis calls answered after others had failed:
 //	                                                    the end of a fallback episode
 //	justonce_ledger_leases_lost_total                   leases found taken over or released
+//	justonce_ledger_steps_total{kind}                   steps (DoSteps) run and recorded: tx, call,
+//	                                                    compensate
+//	justonce_ledger_steps_resumed_total                 steps skipped because recorded already
+//	                                                    (attempts resuming after a failure or crash)
 //
 // and, queried from Postgres at each scrape (inbox.Ledger.Stats, bounded by
 // LedgerConfig.StatsTimeout), the table as all instances see it:
@@ -50,6 +54,11 @@
 //	justonce_consumer_retries_total{scope,source}       attempts that will be retried
 //	justonce_consumer_dead_lettered_total{scope,source,reason}
 //	                                                    messages given up: no_id, invalid_key, handler
+//	justonce_consumer_redelivery_headroom_seconds{scope,source,topic}
+//	                                                    the ledger TTL minus how long the topic or
+//	                                                    stream keeps messages, measured when Run
+//	                                                    started; negative: a message may come again
+//	                                                    after its ID expired; -Inf: kept forever
 //
 // The transactional outbox (OutboxCollector): the relays' counters, fed by
 // the outbox.RelayHooks that OutboxCollector.Hooks returns, and the table as
@@ -64,8 +73,18 @@
 //	justonce_outbox_publish_retries_total{broker}
 //	                                            publishes that failed for the time being (retried)
 //
+// The request fronts' observe mode (BridgeCollector, through the bridges'
+// Config.OnObserve):
+//
+//	justonce_bridge_observed_total{front,route,would}  requests an observe-mode route or method let
+//	                                                   through, by what enforcing would have done:
+//	                                                   would_run, would_replay, would_refuse_missing_key,
+//	                                                   would_refuse_invalid_key, would_conflict,
+//	                                                   would_mismatch
+//
 // Labels are bounded: scope is the consumer group or route name the
-// application chose (never put an event ID in it), source is http, kafka,
+// application chose (never put an event ID in it), route an HTTP route's
+// scope or a gRPC method's full name, source is http, kafka,
 // nats or the like, status and disposition are fixed sets. Event IDs are
 // never labels. Several ledgers in one registry (several schemas) need a
 // label to tell them apart: register each collector through

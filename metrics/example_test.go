@@ -54,6 +54,8 @@ func ExampleNewLedgerCollector() {
 	// justonce_ledger_redis_fallbacks_total
 	// justonce_ledger_redis_recoveries_total
 	// justonce_ledger_leases_lost_total
+	// justonce_ledger_steps_total
+	// justonce_ledger_steps_resumed_total
 	// justonce_ledger_rows
 	// justonce_ledger_oldest_lease_overdue_seconds
 	// justonce_ledger_stats_up
@@ -75,6 +77,38 @@ func ExampleConsumerCollector_Hooks() {
 	hooks.OnRetry(m, errors.New("deadlock"))
 	hooks.OnDeadLetter(&consumer.Message{}, consumer.ErrNoID)
 
+	printMetrics(reg)
+	// Output:
+	// justonce_consumer_dead_lettered_total reason=handler scope=billing source=kafka: 0
+	// justonce_consumer_dead_lettered_total reason=invalid_key scope=billing source=kafka: 0
+	// justonce_consumer_dead_lettered_total reason=no_id scope=billing source=kafka: 1
+	// justonce_consumer_handler_duration_seconds disposition=duplicate scope=billing source=kafka: 1 observed
+	// justonce_consumer_handler_duration_seconds disposition=executed scope=billing source=kafka: 1 observed
+	// justonce_consumer_retries_total scope=billing source=kafka: 1
+}
+
+// Give each bridge the collector's Observer; an observe-mode route or
+// method calls it for every request it lets through. Here it is called by
+// hand to show what it counts.
+func ExampleBridgeCollector_Observer() {
+	bc := metrics.NewBridgeCollector()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(bc)
+
+	observe := bc.Observer("http") // httpbridge.Config{OnObserve: observe}
+	observe("orders", "would_run")
+	observe("orders", "would_replay")
+	observe("orders", "would_replay")
+
+	printMetrics(reg)
+	// Output:
+	// justonce_bridge_observed_total front=http route=orders would=would_replay: 2
+	// justonce_bridge_observed_total front=http route=orders would=would_run: 1
+}
+
+// printMetrics prints what reg gathers: counters' values, histograms'
+// sample counts.
+func printMetrics(reg *prometheus.Registry) {
 	mfs, _ := reg.Gather()
 	for _, mf := range mfs {
 		for _, s := range mf.GetMetric() {
@@ -90,11 +124,4 @@ func ExampleConsumerCollector_Hooks() {
 			}
 		}
 	}
-	// Output:
-	// justonce_consumer_dead_lettered_total reason=handler scope=billing source=kafka: 0
-	// justonce_consumer_dead_lettered_total reason=invalid_key scope=billing source=kafka: 0
-	// justonce_consumer_dead_lettered_total reason=no_id scope=billing source=kafka: 1
-	// justonce_consumer_handler_duration_seconds disposition=duplicate scope=billing source=kafka: 1 observed
-	// justonce_consumer_handler_duration_seconds disposition=executed scope=billing source=kafka: 1 observed
-	// justonce_consumer_retries_total scope=billing source=kafka: 1
 }

@@ -47,6 +47,7 @@ type LedgerCollector struct {
 	cfg    LedgerConfig
 
 	calls, cacheReplays, redisFallbacks, redisRecoveries, leasesLost *prometheus.Desc
+	steps, stepsResumed                                              *prometheus.Desc
 	rows, leaseOverdue, statsUp                                      *prometheus.Desc
 	durable, standbys, syncStandbys, replicationUp                   *prometheus.Desc
 
@@ -73,7 +74,12 @@ func NewLedgerCollector(l *inbox.Ledger, cfg LedgerConfig) *LedgerCollector {
 		redisRecoveries: prometheus.NewDesc("justonce_ledger_redis_recoveries_total",
 			"Redis calls answered after one or more had failed: the end of a fallback episode, when the fast path is back (after a Sentinel failover, once the new master answers).", nil, nil),
 		leasesLost: prometheus.NewDesc("justonce_ledger_leases_lost_total",
-			"Leases found taken over or released when renewing or completing them.", nil, nil),
+			"Leases found taken over or released when renewing or completing them, or recording a step.", nil, nil),
+		steps: prometheus.NewDesc("justonce_ledger_steps_total",
+			"Steps (inbox.Ledger.DoSteps) this process ran and recorded, by kind: tx (a Postgres step, its writes and its record in one transaction), call (an outside call, recorded after it returned), compensate (the undoing of a completed step after a permanent failure).",
+			[]string{"kind"}, nil),
+		stepsResumed: prometheus.NewDesc("justonce_ledger_steps_resumed_total",
+			"Steps skipped because they were recorded already: attempts resuming after an error, a crash or a lost lease.", nil, nil),
 		rows: prometheus.NewDesc("justonce_ledger_rows",
 			"Live (unexpired) rows of processed_events by scope and status.",
 			[]string{"scope", "status"}, nil),
@@ -95,7 +101,8 @@ func NewLedgerCollector(l *inbox.Ledger, cfg LedgerConfig) *LedgerCollector {
 
 // Describe implements prometheus.Collector.
 func (c *LedgerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.calls, c.cacheReplays, c.redisFallbacks, c.redisRecoveries, c.leasesLost} {
+	for _, d := range []*prometheus.Desc{c.calls, c.cacheReplays, c.redisFallbacks, c.redisRecoveries, c.leasesLost,
+		c.steps, c.stepsResumed} {
 		ch <- d
 	}
 	if !c.cfg.DisableStats {
@@ -128,6 +135,10 @@ func (c *LedgerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.redisFallbacks, n.RedisFallbacks)
 	counter(c.redisRecoveries, n.RedisRecoveries)
 	counter(c.leasesLost, n.LeasesLost)
+	counter(c.steps, n.StepsTx, string(inbox.StepTx))
+	counter(c.steps, n.StepsCall, string(inbox.StepCall))
+	counter(c.steps, n.StepsCompensate, string(inbox.StepCompensate))
+	counter(c.stepsResumed, n.StepsResumed)
 	if c.cfg.Replication {
 		c.collectReplication(ch)
 	}

@@ -203,3 +203,45 @@ func TestLedgerCollectorStats(t *testing.T) {
 		require.Equal(t, 0.0, got[`justonce_ledger_stats_up`])
 	})
 }
+
+// Steps run, by kind, and steps resumed: a payment of a Postgres step and
+// an outside call fails after them; its retry resumes after both, and a
+// second payment fails permanently, compensating its call.
+func TestLedgerCollectorSteps(t *testing.T) {
+	t.Parallel()
+	ctx := context.Background()
+	pg := testsvc.Postgres(t)
+	l, err := inbox.New(pg.Pool, inbox.Config{Schema: pg.Schema})
+	require.NoError(t, err)
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(metrics.NewLedgerCollector(l, metrics.LedgerConfig{DisableStats: true}))
+
+	var last error
+	pay := func(ctx context.Context, s *inbox.Steps) (inbox.Result, error) {
+		if _, err := s.Tx(ctx, "order", func(context.Context, pgx.Tx) ([]byte, error) { return nil, nil }); err != nil {
+			return inbox.Result{}, err
+		}
+		s.Compensate("charge", func(context.Context, string, []byte) error { return nil })
+		if _, err := s.Call(ctx, "charge", func(context.Context, string) ([]byte, error) { return nil, nil }); err != nil {
+			return inbox.Result{}, err
+		}
+		return inbox.Result{}, last
+	}
+	r := inbox.Request{Key: inbox.Key{Scope: "payments", ID: "p1"}}
+	last = errors.New("mailer down")
+	_, err = l.DoSteps(ctx, r, 0, pay)
+	require.Error(t, err)
+	last = nil
+	_, err = l.DoSteps(ctx, r, 0, pay)
+	require.NoError(t, err)
+	last = inbox.Permanent(errors.New("declined"))
+	_, err = l.DoSteps(ctx, inbox.Request{Key: inbox.Key{Scope: "payments", ID: "p2"}}, 0, pay)
+	require.ErrorIs(t, err, inbox.ErrPermanent)
+
+	require.Equal(t, map[string]float64{
+		`justonce_ledger_steps_total{kind="tx"}`:         2,
+		`justonce_ledger_steps_total{kind="call"}`:       2,
+		`justonce_ledger_steps_total{kind="compensate"}`: 1,
+		`justonce_ledger_steps_resumed_total`:            2,
+	}, only(samples(t, reg), "justonce_ledger_steps_total", "justonce_ledger_steps_resumed_total"))
+}

@@ -10,6 +10,12 @@
 // migrate at once at startup: one applies, the others wait and find nothing
 // left to do.
 //
+// Versions increase but need not be consecutive. Up applies every embedded
+// version not applied yet, in order, also one below the newest applied: a
+// version released after a newer one is applied by the next Up, and Status
+// lists it as pending until then. (golang-migrate, which keeps only the
+// newest version applied, would not apply such a version.)
+//
 //	m := migrations.New(pool, migrations.Config{Schema: "justonce"})
 //	res, err := m.Up(ctx)
 package migrations

@@ -20,6 +20,19 @@ func tableExists(t *testing.T, pg *testsvc.PG, schema string) bool {
 	return ok
 }
 
+// embeddedVersions are the versions of the embedded migrations, in order
+// and reversed: the tests assume no particular set of them.
+func embeddedVersions(t *testing.T) (versions, reversed []int) {
+	t.Helper()
+	all, err := migrations.All()
+	require.NoError(t, err)
+	for i := range all {
+		versions = append(versions, all[i].Version)
+		reversed = append(reversed, all[len(all)-1-i].Version)
+	}
+	return versions, reversed
+}
+
 func TestUpDownUp(t *testing.T) {
 	t.Parallel()
 	pg := testsvc.Postgres(t, testsvc.NoMigrate())
@@ -27,15 +40,16 @@ func TestUpDownUp(t *testing.T) {
 	schema := pg.Schema + "_ledger" // a schema other than the search_path
 	t.Cleanup(func() { _, _ = pg.Pool.Exec(context.Background(), `DROP SCHEMA IF EXISTS "`+schema+`" CASCADE`) })
 	m := migrations.New(pg.Pool, migrations.Config{Schema: schema})
+	versions, reversed := embeddedVersions(t)
 
 	st, err := m.Status(ctx)
 	require.NoError(t, err)
 	require.Equal(t, 0, st.Version)
-	require.Equal(t, []int{1, 2}, st.Pending)
+	require.Equal(t, versions, st.Pending)
 
 	res, err := m.Up(ctx)
 	require.NoError(t, err)
-	require.Equal(t, []int{1, 2}, res.Applied)
+	require.Equal(t, versions, res.Applied)
 	require.Equal(t, 1, pg.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'outbox'`, schema))
 	require.True(t, tableExists(t, pg, schema))
 	require.False(t, tableExists(t, pg, pg.Schema), "nothing lands in the search_path schema")
@@ -46,8 +60,9 @@ func TestUpDownUp(t *testing.T) {
 
 	res, err = m.Down(ctx)
 	require.NoError(t, err)
-	require.Equal(t, []int{2, 1}, res.Applied)
+	require.Equal(t, reversed, res.Applied)
 	require.False(t, tableExists(t, pg, schema))
+	require.Zero(t, pg.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_steps'`, schema))
 	require.Zero(t, pg.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'outbox'`, schema))
 
 	_, err = m.Up(ctx)
@@ -82,10 +97,10 @@ func TestConcurrentMigrators(t *testing.T) {
 		require.NoError(t, errs[i])
 		total += len(applied[i])
 	}
-	latest := migrations.New(pg.Pool, migrations.Config{}).Latest()
-	require.Equal(t, latest, total, "exactly one instance applies each migration")
+	versions, _ := embeddedVersions(t)
+	require.Equal(t, len(versions), total, "exactly one instance applies each migration")
 	require.True(t, tableExists(t, pg, pg.Schema))
-	require.Equal(t, latest, pg.Count(t, `SELECT count(*) FROM justonce_migrations`))
+	require.Equal(t, len(versions), pg.Count(t, `SELECT count(*) FROM justonce_migrations`))
 }
 
 func TestFilesArePlainAndPaired(t *testing.T) {
@@ -94,9 +109,51 @@ func TestFilesArePlainAndPaired(t *testing.T) {
 	require.NoError(t, err)
 	require.NotEmpty(t, all)
 	for i, m := range all {
-		require.Equal(t, i+1, m.Version, "versions are consecutive")
+		// Versions increase, and may have gaps: a version can land in a
+		// later release than the one after it (Up applies it then).
+		require.Positive(t, m.Version)
+		if i > 0 {
+			require.Greater(t, m.Version, all[i-1].Version, "versions are unique and in order")
+		}
 		require.NotContains(t, m.Up, "{{", "no templating: golang-migrate users take the files as they are")
 	}
+}
+
+// A version missing below the applied ones (released later than a newer
+// one, or applied by hand and reverted) is applied by Up, and Status lists
+// it as pending. The steps table (version 4) exists after Up.
+func TestUpAppliesAVersionBelowTheLatest(t *testing.T) {
+	t.Parallel()
+	pg := testsvc.Postgres(t, testsvc.NoMigrate())
+	ctx := context.Background()
+	m := migrations.New(pg.Pool, migrations.Config{Schema: pg.Schema})
+	_, err := m.Up(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 1, pg.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_steps'`, pg.Schema))
+
+	// The outbox's version, as though it had not been applied.
+	const outbox = 2
+	all, err := migrations.All()
+	require.NoError(t, err)
+	for _, mig := range all {
+		if mig.Version == outbox {
+			pg.Exec(t, mig.Down)
+		}
+	}
+	pg.Exec(t, `DELETE FROM justonce_migrations WHERE version = $1`, outbox)
+	st, err := m.Status(ctx)
+	require.NoError(t, err)
+	require.Equal(t, m.Latest(), st.Version)
+	require.Equal(t, []int{outbox}, st.Pending)
+
+	res, err := m.Up(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []int{outbox}, res.Applied)
+	require.Equal(t, m.Latest(), res.To)
+	require.Equal(t, 1, pg.Count(t, `SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'outbox'`, pg.Schema))
+	st, err = m.Status(ctx)
+	require.NoError(t, err)
+	require.Empty(t, st.Pending)
 }
 
 func TestTimeBucketLayout(t *testing.T) {

@@ -4,7 +4,7 @@
 // committed, never if it rolled back.
 //
 // Add inserts messages into the outbox table (beside processed_events, in
-// the ledger's schema: migrations version 2) with the caller's pgx.Tx: a
+// the ledger's schema: migrations versions 2 and 5) with the caller's pgx.Tx: a
 // consumer.Handler's, httpbridge.Tx(ctx), a gRPC bridge's, or any other.
 // Inside a justonce handler a message without an ID gets one derived from
 // the event's key and its place among the handler's messages (EventID), so
@@ -24,7 +24,8 @@
 // oldest pending messages in order, publishes them as one batch and
 // deletes them. So several relays run side by side without publishing a
 // message twice, and the messages of one key are published in the order
-// they were committed (see below). A relay wakes on LISTEN/NOTIFY when a
+// they were committed (see below). A Kafka message goes to the partition
+// its key hashes to, or to the one it names (Message.Partition). A relay wakes on LISTEN/NOTIFY when a
 // transaction that added messages commits, and polls as a fallback.
 //
 // # Guarantees and where they stop

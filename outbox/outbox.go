@@ -50,6 +50,18 @@ type Message struct {
 	// message's lane: messages of one (broker, topic, key) are published
 	// in the order they were added.
 	Key []byte
+	// Partition, when set, is the Kafka partition the message goes to
+	// instead of the one its Key hashes to: Partition: new(int32(3)). Nil
+	// (the zero value) hashes the Key, as the publishers always do. It
+	// does not change the message's lane (hash(broker, topic, key)): the
+	// messages of one key are published in the order they were added
+	// whatever partitions they name, but a consumer reads partitions side
+	// by side, so give every message of a key the same partition (or none)
+	// to keep them in order downstream. Add refuses a negative partition
+	// and a partition on NATS, which has none; a partition the topic does
+	// not have is refused by the publisher for good (ErrPermanent). The
+	// outbox table keeps it from migration version 5 on.
+	Partition *int32
 	// Headers are sent with the message, after the ID header.
 	Headers []consumer.Header
 	// Value is the payload.
@@ -81,7 +93,8 @@ type Config struct {
 // Errors returned by Add.
 var (
 	// ErrInvalidMessage is returned (wrapped, with the reason) for a
-	// message Add refuses: no topic, an unknown broker.
+	// message Add refuses: no topic, an unknown broker, a negative
+	// partition, a partition on NATS.
 	ErrInvalidMessage = errors.New("justonce/outbox: invalid message")
 )
 
@@ -173,6 +186,7 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string,
 	keys := make([][]byte, n)
 	hdrs := make([][]byte, n)
 	values := make([][]byte, n)
+	var parts []*int32 // nil unless a message names a partition
 	prop := otel.GetTextMapPropagator()
 	var trace headerCarrier
 	prop.Inject(ctx, &trace)
@@ -182,6 +196,19 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string,
 		}
 		if m.Topic == "" {
 			return nil, fmt.Errorf("%w: no topic", ErrInvalidMessage)
+		}
+		if m.Partition != nil {
+			switch {
+			case m.Broker != Kafka:
+				return nil, fmt.Errorf("%w: partition %d for %s %q: only Kafka topics have partitions", ErrInvalidMessage, *m.Partition, m.Broker, m.Topic)
+			case *m.Partition < 0:
+				return nil, fmt.Errorf("%w: negative partition %d", ErrInvalidMessage, *m.Partition)
+			}
+			if parts == nil {
+				parts = make([]*int32, n)
+			}
+			p := *m.Partition
+			parts[i] = &p
 		}
 		id := m.ID
 		if id == "" {
@@ -212,11 +239,23 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string,
 			hdrs[i] = b
 		}
 	}
+	// The partition column is named only when a message names a
+	// partition: a writer that names none needs no migration beyond
+	// version 2.
+	cols := `id, lane, broker, topic, key, headers, value`
+	if parts != nil {
+		cols += `, partition`
+	}
 	var sql string
 	var args []any
 	if n == 1 {
-		sql = `INSERT INTO ` + o.table + ` (id, lane, broker, topic, key, headers, value) VALUES ($1, $2, $3, $4, $5, $6, $7)`
+		vals := `$1, $2, $3, $4, $5, $6, $7`
 		args = []any{ids[0], lanes[0], brokers[0], topics[0], keys[0], jsonOrNil(hdrs[0]), values[0]}
+		if parts != nil {
+			vals += `, $8`
+			args = append(args, parts[0])
+		}
+		sql = `INSERT INTO ` + o.table + ` (` + cols + `) VALUES (` + vals + `)`
 	} else {
 		hv := make([]*string, n)
 		for i, h := range hdrs {
@@ -225,9 +264,14 @@ func (o *Outbox) Add(ctx context.Context, tx pgx.Tx, msgs ...Message) ([]string,
 				hv[i] = &s
 			}
 		}
-		sql = `INSERT INTO ` + o.table + ` (id, lane, broker, topic, key, headers, value)
-SELECT id, lane, broker, topic, key, headers, value FROM unnest($1::text[], $2::int[], $3::text[], $4::text[], $5::bytea[], $6::jsonb[], $7::bytea[]) WITH ORDINALITY AS m(id, lane, broker, topic, key, headers, value, ord) ORDER BY ord`
+		arrays := `$1::text[], $2::int[], $3::text[], $4::text[], $5::bytea[], $6::jsonb[], $7::bytea[]`
 		args = []any{ids, lanes, brokers, topics, keys, hv, values}
+		if parts != nil {
+			arrays += `, $8::int[]`
+			args = append(args, parts)
+		}
+		sql = `INSERT INTO ` + o.table + ` (` + cols + `)
+SELECT ` + cols + ` FROM unnest(` + arrays + `) WITH ORDINALITY AS m(` + cols + `, ord) ORDER BY ord`
 	}
 	// Inside a handler of Ledger.Do the INSERT travels with the ledger's
 	// commit: no round trip of its own.
@@ -235,7 +279,7 @@ SELECT id, lane, broker, topic, key, headers, value FROM unnest($1::text[], $2::
 		return ids, nil
 	}
 	if _, err := tx.Exec(ctx, sql, args...); err != nil {
-		return nil, fmt.Errorf("justonce/outbox: add: %w", err)
+		return nil, fmt.Errorf("justonce/outbox: add: %w", migrationHint(err))
 	}
 	return ids, nil
 }

@@ -35,7 +35,11 @@ type Publisher interface {
 	//     backoff.
 	//
 	// Messages of one (Topic, Key) must reach the broker in the order
-	// given: a later one is never acked before an earlier one is sent.
+	// given: a later one is never acked before an earlier one is sent. A
+	// Kafka publisher sends a message that names its Partition to that
+	// partition (one the topic does not have: refused for good), and one
+	// without to the partition its Key hashes to; a publisher whose broker
+	// has no partitions refuses for good a message that names one.
 	// Each message carries its ID to the broker in the header that the
 	// broker's consumers dedupe on (Kafka: KafkaIDHeader; JetStream:
 	// Nats-Msg-Id), then its Headers. Publish returns once every message

@@ -3,6 +3,7 @@ package outbox
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"maps"
@@ -14,6 +15,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 
 	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
@@ -408,7 +410,7 @@ func (r *Relay) batch(ctx context.Context, lane int) (n int, full bool, err erro
 	AND set_config('justonce.lane_locked', pg_try_advisory_xact_lock(hashtextextended($1, 0))::text, true)::bool`, r.lockKey(lane)).
 		QueryRow(func(row pgx.Row) error { return row.Scan(&locked) })
 	lb.Queue(planIndexOnly)
-	lb.Queue(`SELECT seq, id, broker, topic, key, headers, value FROM `+r.o.table+`
+	lb.Queue(`SELECT seq, id, broker, topic, key, headers, value, partition FROM `+r.o.table+`
 WHERE lane = $1 AND status = 'pending' AND broker = ANY($3) AND current_setting('justonce.lane_locked')::bool
 ORDER BY seq LIMIT $2`, lane, r.cfg.BatchSize, r.brokers).
 		Query(func(rows pgx.Rows) error {
@@ -420,7 +422,7 @@ ORDER BY seq LIMIT $2`, lane, r.cfg.BatchSize, r.brokers).
 			return err
 		})
 	if err := conn.SendBatch(bctx, lb).Close(); err != nil {
-		return 0, false, fmt.Errorf("justonce/outbox: lock and load lane %d: %w", lane, err)
+		return 0, false, fmt.Errorf("justonce/outbox: lock and load lane %d: %w", lane, migrationHint(err))
 	}
 	if !locked || len(msgs) == 0 {
 		return 0, false, nil
@@ -552,7 +554,7 @@ func (r *Relay) scanPending(rows pgx.Rows) ([]*pending, error) {
 		m := &p.msg
 		var hdr []byte
 		var broker string
-		if err := rows.Scan(&p.seq, &m.ID, &broker, &m.Topic, &m.Key, &hdr, &m.Value); err != nil {
+		if err := rows.Scan(&p.seq, &m.ID, &broker, &m.Topic, &m.Key, &hdr, &m.Value, &m.Partition); err != nil {
 			return nil, fmt.Errorf("justonce/outbox: load: %w", err)
 		}
 		p.broker = slices.Index(r.brokers, broker)
@@ -576,4 +578,15 @@ func (r *Relay) scanPending(rows pgx.Rows) ([]*pending, error) {
 		return nil, fmt.Errorf("justonce/outbox: load: %w", err)
 	}
 	return out, nil
+}
+
+// migrationHint says what to do about err when it is Postgres' undefined
+// column (SQLSTATE 42703): the outbox table is older than this build
+// (migration version 5 added its partition column).
+func migrationHint(err error) error {
+	var pe *pgconn.PgError
+	if errors.As(err, &pe) && pe.Code == "42703" {
+		return fmt.Errorf("%w (the outbox table lacks a column this build reads: apply the migrations, justonce migrate up)", err)
+	}
+	return err
 }

@@ -27,6 +27,8 @@ PKGS=("$@")
 ((${#PKGS[@]})) || PKGS=(./inbox ./httpbridge)
 SUDO=
 [[ $(id -u) -ne 0 ]] && SUDO=sudo
+# shellcheck source=lib/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
 
 log() { printf '[containers] %s\n' "$*" >&2; }
 
@@ -36,8 +38,7 @@ command -v dockerd >/dev/null || need+=(docker.io)
 command -v debootstrap >/dev/null || need+=(debootstrap)
 if ((${#need[@]})); then
   log "installing ${need[*]}"
-  $SUDO apt-get update -qq </dev/null
-  $SUDO env DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need[@]}" </dev/null >/dev/null
+  apt_install "${need[@]}" || exit
   # The package enables a system daemon where systemd runs; ours is started below.
   log "installed in $((SECONDS - t0))s"
 fi

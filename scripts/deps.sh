@@ -36,12 +36,11 @@ command -v mvn >/dev/null || need+=(maven)
 command -v gcc >/dev/null || need+=(gcc libc6-dev)
 ((${#need[@]} == 0)) && exit 0
 
-SUDO=
-[[ $(id -u) -eq 0 ]] || SUDO=sudo
+# shellcheck source=lib/apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/lib/apt.sh"
 echo "installing: ${need[*]}"
 export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -qq </dev/null
-$SUDO apt-get install -y -qq --no-install-recommends "${need[@]}" </dev/null >/dev/null
+apt_install "${need[@]}"
 if (($(java_major) < 17)); then
   echo "deps: $JAVA is still Java $(java_major) after installing openjdk-17-jdk-headless: set JAVA_HOME to /usr/lib/jvm/java-17-openjdk-* (or update-alternatives --config java)" >&2
   exit 1

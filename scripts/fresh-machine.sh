@@ -59,7 +59,7 @@ PG_PORT=${JUSTONCE_PG_PORT:-45432}
 REDIS_PORT=${JUSTONCE_REDIS_PORT:-46379}
 KAFKA_PORT=${JUSTONCE_KAFKA_PORT:-49092}
 KAFKA_CONTROLLER_PORT=${JUSTONCE_KAFKA_CONTROLLER_PORT:-49093}
-FRESH_TEST=${FRESH_TEST:-"go test -race -count=1 -timeout 10m -run 'TestTenThousandWithDuplicates|TestKilledConsumerLosesAndDoublesNothing' ./transports/kafkainbox"}
+FRESH_TEST=${FRESH_TEST:-"go test -race -count=1 -timeout 10m -run 'TestTenThousandWithDuplicates|TestConformance/Crash$' ./transports/kafkainbox"}
 # The base root: minbase and make. Its name changes with this script and
 # the helpers that build it.
 INCLUDE=make

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -20,6 +21,7 @@ import (
 
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/migrations"
 )
 
 // These tests build the justonce binary and run it against a real Postgres
@@ -131,13 +133,24 @@ func TestBinary(t *testing.T) {
 		pg := testsvc.Postgres(t, testsvc.NoMigrate())
 		b := newBinary(t, "DATABASE_URL="+pg.URL, "JUSTONCE_SCHEMA="+pg.Schema)
 
+		// The versions this build knows; the test assumes no particular
+		// set (a version may land after a newer one).
+		all, err := migrations.All()
+		require.NoError(t, err)
+		var vs, reversed []int
+		for i := range all {
+			vs = append(vs, all[i].Version)
+			reversed = append(reversed, all[len(all)-1-i].Version)
+		}
+		latest := vs[len(vs)-1]
+
 		r := b.must("migrate", "status")
-		require.Contains(t, r.stdout, "schema "+pg.Schema+": version 0 of 2, pending versions 1, 2")
+		require.Contains(t, r.stdout, fmt.Sprintf("schema %s: version 0 of %d, pending %s", pg.Schema, latest, versions(vs)))
 
 		r = b.must("migrate", "up")
-		require.Contains(t, r.stdout, "applied versions 1, 2, now at version 2 (was 0)")
+		require.Contains(t, r.stdout, fmt.Sprintf("applied %s, now at version %d (was 0)", versions(vs), latest))
 		r = b.must("migrate", "up")
-		require.Contains(t, r.stdout, "already at version 2")
+		require.Contains(t, r.stdout, fmt.Sprintf("already at version %d", latest))
 
 		var st struct {
 			Schema  string `json:"schema"`
@@ -147,8 +160,8 @@ func TestBinary(t *testing.T) {
 		}
 		b.json(&st, "migrate", "status")
 		require.Equal(t, pg.Schema, st.Schema)
-		require.Equal(t, 2, st.Version)
-		require.Equal(t, 2, st.Latest)
+		require.Equal(t, latest, st.Version)
+		require.Equal(t, latest, st.Latest)
 		require.Empty(t, st.Pending)
 
 		// The migrated table works.
@@ -158,32 +171,47 @@ func TestBinary(t *testing.T) {
 		require.NoError(t, err)
 		require.Equal(t, inbox.Executed, out.Disposition)
 
+		// A version missing below the current one (the outbox's, 2,
+		// reverted by hand): status lists it, up applies it.
+		for _, m := range all {
+			if m.Version == 2 {
+				pg.Exec(t, m.Down)
+			}
+		}
+		pg.Exec(t, `DELETE FROM justonce_migrations WHERE version = 2`)
+		r = b.must("migrate", "status")
+		require.Contains(t, r.stdout, fmt.Sprintf("version %d of %d, pending version 2", latest, latest))
+		r = b.must("migrate", "up")
+		require.Contains(t, r.stdout, fmt.Sprintf("applied version 2, now at version %d (was %d)", latest, latest))
+		require.Equal(t, 1, pg.Count(t, "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'outbox'", pg.Schema))
+
 		// down is destructive: it wants --yes.
 		r = b.run("migrate", "down")
 		require.Equal(t, exitUsage, r.code, "%s", r)
 		require.Contains(t, r.stderr, "--yes")
 		require.Equal(t, 1, pg.Count(t, "SELECT count(*) FROM processed_events"))
 
-		r = b.run("migrate", "up", "--to", "7")
+		r = b.run("migrate", "up", "--to", strconv.Itoa(latest+3))
 		require.Equal(t, exitUsage, r.code, "%s", r)
-		r = b.run("migrate", "down", "--yes", "--to", "3")
+		r = b.run("migrate", "down", "--yes", "--to", strconv.Itoa(latest+1))
 		require.Equal(t, exitUsage, r.code, "%s", r)
 
 		r = b.must("migrate", "down", "--yes")
-		require.Contains(t, r.stdout, "reverted versions 2, 1, now at version 0 (was 2)")
+		require.Contains(t, r.stdout, fmt.Sprintf("reverted %s, now at version 0 (was %d)", versions(reversed), latest))
 		b.json(&st, "migrate", "status")
 		require.Equal(t, 0, st.Version)
-		require.Equal(t, []int{1, 2}, st.Pending)
+		require.Equal(t, vs, st.Pending)
 		require.Equal(t, 0, pg.Count(t, "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_events'", pg.Schema))
+		require.Equal(t, 0, pg.Count(t, "SELECT count(*) FROM pg_tables WHERE schemaname = $1 AND tablename = 'processed_steps'", pg.Schema))
 
 		// up and down report in JSON what they did.
 		var mig migrateJSON
 		b.json(&mig, "migrate", "up")
-		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 0, To: 2, Applied: []int{1, 2}}, mig)
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 0, To: latest, Applied: vs}, mig)
 		b.json(&mig, "migrate", "up")
-		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 2, To: 2, Applied: []int{}}, mig)
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: latest, To: latest, Applied: []int{}}, mig)
 		b.json(&mig, "migrate", "down", "--yes")
-		require.Equal(t, migrateJSON{Schema: pg.Schema, From: 2, To: 0, Applied: []int{2, 1}}, mig)
+		require.Equal(t, migrateJSON{Schema: pg.Schema, From: latest, To: 0, Applied: reversed}, mig)
 
 		// A ledger command on the unmigrated schema: an operational error
 		// with a hint.
@@ -195,15 +223,15 @@ func TestBinary(t *testing.T) {
 		// Flags win over the environment; without --schema the URL's
 		// search_path names the schema.
 		r = newBinary(t).must("migrate", "up", "--database-url", pg.URL)
-		require.Contains(t, r.stdout, "schema "+pg.Schema+": applied versions 1, 2")
+		require.Contains(t, r.stdout, "schema "+pg.Schema+": applied "+versions(vs))
 
 		// A database newer than this build: status and up say so and
 		// fail, rather than reporting it up to date or pointing at down.
-		pg.Exec(t, `INSERT INTO justonce_migrations (version, name) VALUES (3, 'future')`)
+		pg.Exec(t, `INSERT INTO justonce_migrations (version, name) VALUES ($1, 'future')`, latest+1)
 		for _, args := range [][]string{{"migrate", "status"}, {"migrate", "up"}} {
 			r = b.run(args...)
 			require.Equal(t, exitFailure, r.code, "%s", r)
-			require.Contains(t, r.stderr, "database is at 3, this build knows up to 2", "%s", r)
+			require.Contains(t, r.stderr, fmt.Sprintf("database is at %d, this build knows up to %d", latest+1, latest), "%s", r)
 			require.NotContains(t, r.stderr, "migrate down")
 		}
 	})
@@ -422,6 +450,62 @@ func TestBinary(t *testing.T) {
 			b.json(&res, "ledger", "purge", "--expired")
 			require.Zero(t, res.Deleted)
 			require.False(t, res.Busy)
+		})
+
+		t.Run("steps", func(t *testing.T) {
+			b := b.on(t)
+			// A key run in steps that stopped after two (the third failed
+			// for the time being), and one that completed.
+			pay := func(fail error) inbox.StepsFunc {
+				return func(ctx context.Context, s *inbox.Steps) (inbox.Result, error) {
+					if _, err := s.Tx(ctx, "order", func(context.Context, pgx.Tx) ([]byte, error) { return []byte("order-1"), nil }); err != nil {
+						return inbox.Result{}, err
+					}
+					if _, err := s.Call(ctx, "charge", func(context.Context, string) ([]byte, error) { return []byte("ch_0123456789"), nil }); err != nil {
+						return inbox.Result{}, err
+					}
+					_, err := s.Call(ctx, "receipt", func(context.Context, string) ([]byte, error) { return nil, fail })
+					return inbox.Result{Code: 201}, err
+				}
+			}
+			stopped := inbox.Request{Key: inbox.Key{Scope: "shop", ID: "pay-stopped-01"}}
+			_, err := l.DoSteps(ctx, stopped, 0, pay(errors.New("mailer down")))
+			require.Error(t, err)
+			done := inbox.Request{Key: inbox.Key{Scope: "shop", ID: "pay-done-0002"}}
+			_, err = l.DoSteps(ctx, done, 0, pay(nil))
+			require.NoError(t, err)
+
+			r := b.must("ledger", "show", "shop", "pay-stopped-01")
+			t.Logf("justonce ledger show:\n%s", r.stdout)
+			for _, want := range []string{"status:", "processing",
+				"2 recorded, the last charge (call): stopped there, the next attempt resumes after it",
+				"SEQ", "1    order", "tx", "7 bytes", "2    charge", "call", "13 bytes"} {
+				require.Contains(t, r.stdout, want)
+			}
+			require.NotContains(t, r.stdout, " \n", "no trailing blanks")
+			var rec recordJSON
+			b.json(&rec, "ledger", "show", "shop", "pay-stopped-01")
+			require.Len(t, rec.Steps, 2)
+			require.Equal(t, stepJSON{Seq: 2, Name: "charge", Kind: "call", CompletedAt: rec.Steps[1].CompletedAt,
+				OutputBytes: 13, FencingToken: rec.FencingToken}, rec.Steps[1])
+			require.NotNil(t, rec.Steps[0].CompletedAt)
+			require.Equal(t, "charge", *rec.LastStep)
+
+			r = b.must("ledger", "show", "shop", "pay-done-0002")
+			require.Contains(t, r.stdout, "3 recorded, the last receipt (call): completed")
+			b.json(&rec, "ledger", "show", "billing", uuidKey, "--tenant", "acme") // not run in steps
+			require.Empty(t, rec.Steps)
+			require.NotNil(t, rec.Steps, "an empty list, not null")
+			require.Nil(t, rec.LastStep)
+			r = b.must("ledger", "show", "billing", uuidKey, "--tenant", "acme")
+			require.Contains(t, r.stdout, "steps:")
+			require.NotContains(t, r.stdout, "SEQ")
+
+			// Release takes the steps along: the lease ran out, so the key
+			// is stuck and released without --force.
+			r = b.must("ledger", "release", "shop", "pay-stopped-01")
+			require.Contains(t, r.stdout, "released")
+			require.Zero(t, pg.Count(t, "SELECT count(*) FROM processed_steps WHERE event_id = 'pay-stopped-01'"))
 		})
 	})
 

@@ -10,12 +10,14 @@
 //
 //	justonce migrate up [--to N] [--json]     apply pending migrations
 //	justonce migrate down --yes [--to N] [--json]
-//	                                          revert migrations (version 1 drops the ledger, 2 the outbox)
+//	                                          revert migrations (version 1 drops the ledger, 2 the
+//	                                          outbox, 4 the recorded steps)
 //	justonce migrate status [--json]          schema version and pending migrations
 //	justonce ledger stats [--json]            live rows by scope and status, oldest in-flight lease
 //	justonce ledger show <scope> <id> [--tenant T] [--reveal] [--json]
 //	                                          one key: status, source, attempts, fencing
-//	                                          token, lease, timestamps, result code and size, error
+//	                                          token, lease, timestamps, result code and size, error,
+//	                                          its recorded steps and where it stopped
 //	justonce ledger release <scope> <id> [--tenant T] [--force] [--redis-url URL]
 //	        [--redis-prefix P] [--redis-cluster] [--json]
 //	                                          free a stuck (processing) or failed key
@@ -103,9 +105,9 @@
 // success). The objects, with example values:
 //
 //	migrate up, migrate down:
-//	  {"schema": "public", "from": 0, "to": 2, "applied": [1, 2]}
+//	  {"schema": "public", "from": 0, "to": 3, "applied": [1, 2, 3]}
 //	migrate status:
-//	  {"schema": "public", "version": 0, "latest": 2, "pending": [1, 2]}
+//	  {"schema": "public", "version": 0, "latest": 3, "pending": [1, 2, 3]}
 //	ledger stats:
 //	  {"rows": [{"scope": "billing", "status": "processing", "rows": 2,
 //	             "oldest_lease_until": "2026-01-02T15:04:05Z"}],
@@ -119,7 +121,10 @@
 //	   "created_at": "2026-01-02T15:04:05Z", "completed_at": "2026-01-02T15:04:05Z",
 //	   "expires_at": "2026-01-03T15:04:05Z", "duration_seconds": 0.004,
 //	   "result_code": 201, "result_headers": 1, "result_body_bytes": 5,
-//	   "fingerprint": "010203", "error": null}
+//	   "fingerprint": "010203", "error": null,
+//	   "steps": [{"seq": 1, "name": "charge", "kind": "call",
+//	              "completed_at": "2026-01-02T15:04:05Z", "output_bytes": 27, "fencing_token": 41}],
+//	   "last_step": "charge"}
 //	ledger release:
 //	  {"scope": "billing", "tenant": "", "id": "550e****0000", "id_masked": true,
 //	   "released": true, "was": "processing", "cache": "not_checked", "error": null}
@@ -148,7 +153,10 @@
 // ledger stats: oldest_lease_until is set for processing rows only;
 // overdue_seconds is negative while the lease still runs. ledger show:
 // result_code and duration_seconds are null until the key has a result;
-// fingerprint is hex. ledger release: was is the row's state before
+// fingerprint is hex; steps lists the recorded steps of a key run in
+// steps (inbox.Ledger.DoSteps), in order (empty otherwise), kind being tx,
+// call, compensate or failed, and last_step names the last of them (null
+// when none): a key still processing resumes after it. ledger release: was is the row's state before
 // (done, failed, processing, expired, absent); cache is invalidated,
 // not_checked (no --redis-url), stale (not invalidated: exit 4) or
 // unavailable (Redis did not answer; nothing released). ledger purge: busy

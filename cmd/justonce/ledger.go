@@ -35,12 +35,17 @@ long ago is a stuck key, which the next delivery takes over, or which
 			},
 			{
 				name:    "show",
-				summary: "one key: status, source, attempts, lease, timestamps, result",
+				summary: "one key: status, source, attempts, lease, timestamps, result, steps",
 				args:    "<scope> <id>",
 				help: `Shows the live row of one key. The event ID is masked (550e****0000) unless
 --reveal is given: an Idempotency-Key may be all a client needs to replay a
 stored response. The stored response body is never printed, only its size.
 Exits 3 when the key has no live row (absent or expired).
+
+A key run in steps (inbox.Ledger.DoSteps) also shows its recorded steps, in
+order: name, kind (tx, call, compensate, failed), when each completed, the
+size of its output and the fencing token of the lease that recorded it, and
+where the key stopped: a key still processing resumes after its last step.
 
 Put "--" before an ID that starts with a dash.`,
 				setup: ledgerShow,
@@ -49,7 +54,8 @@ Put "--" before an ID that starts with a dash.`,
 				name:    "release",
 				summary: "free a stuck key, so that the next delivery or request runs again",
 				args:    "<scope> <id>",
-				help: `Deletes the key's row whatever its state, so the key is new again: the next
+				help: `Deletes the key's row whatever its state, and its recorded steps (a key run
+in steps), so the key is new again: the next
 delivery of the event, or the next request with the Idempotency-Key, runs the
 handler again. Use it for a key stuck in processing, or a failed key whose
 cause was fixed. Without --force, a key that is done is refused (releasing it
@@ -227,6 +233,50 @@ type recordJSON struct {
 	ResultBytes   int        `json:"result_body_bytes"`
 	Fingerprint   *string    `json:"fingerprint"` // hex
 	Error         *string    `json:"error"`
+	// Steps: the key's recorded steps, in order; empty for a key not run
+	// in steps.
+	Steps []stepJSON `json:"steps"`
+	// LastStep: the name of the last recorded step; null when none.
+	LastStep *string `json:"last_step"`
+}
+
+// stepJSON is one recorded step in ledger show --json.
+type stepJSON struct {
+	Seq          int        `json:"seq"`
+	Name         string     `json:"name"`
+	Kind         string     `json:"kind"`
+	CompletedAt  *time.Time `json:"completed_at"`
+	OutputBytes  int        `json:"output_bytes"`
+	FencingToken int64      `json:"fencing_token"`
+}
+
+// stepsText says how far a key run in steps got.
+func stepsText(rec *inbox.Record, steps []inbox.Step) string {
+	if len(steps) == 0 {
+		return "none"
+	}
+	last := steps[len(steps)-1]
+	text := fmt.Sprintf("%d recorded, the last %s (%s)", len(steps), stepName(last.Name), last.Kind)
+	for _, st := range steps {
+		if st.Kind == inbox.StepFailed {
+			text += fmt.Sprintf("; failed permanently at step %s", stepName(st.Name))
+		}
+	}
+	switch rec.Status {
+	case inbox.StatusProcessing:
+		text += ": stopped there, the next attempt resumes after it"
+	case inbox.StatusDone:
+		text += ": completed"
+	}
+	return text
+}
+
+// stepName prints a step's name; a failure outside any step has none.
+func stepName(name string) string {
+	if name == "" {
+		return "-"
+	}
+	return printable(name)
 }
 
 func ledgerShow(f *flags) runFunc {
@@ -251,6 +301,10 @@ func ledgerShow(f *flags) runFunc {
 		if err != nil {
 			return err
 		}
+		steps, err := l.Steps(ctx, k)
+		if err != nil {
+			return err
+		}
 		id := inbox.Mask(rec.ID)
 		if *reveal {
 			id = rec.ID
@@ -264,6 +318,14 @@ func ledgerShow(f *flags) runFunc {
 				CreatedAt: timePtr(rec.CreatedAt), CompletedAt: timePtr(rec.CompletedAt), ExpiresAt: timePtr(rec.ExpiresAt),
 				ResultHeaders: len(rec.Result.Header), ResultBytes: len(rec.Result.Body),
 				Fingerprint: strPtr(hex.EncodeToString(rec.Fingerprint)), Error: strPtr(rec.Error),
+				Steps: []stepJSON{},
+			}
+			for _, st := range steps {
+				out.Steps = append(out.Steps, stepJSON{st.Seq, st.Name, string(st.Kind), timePtr(st.CompletedAt), len(st.Output), st.Token})
+			}
+			if len(steps) > 0 {
+				last := steps[len(steps)-1].Name
+				out.LastStep = &last
 			}
 			if rec.Duration > 0 {
 				d := seconds(rec.Duration)
@@ -320,6 +382,16 @@ func ledgerShow(f *flags) runFunc {
 		line("result size", fmt.Sprintf("%d bytes, %d headers", len(rec.Result.Body), len(rec.Result.Header)))
 		line("fingerprint", dash(hex.EncodeToString(rec.Fingerprint)))
 		line("error", dash(rec.Error))
+		line("steps", stepsText(rec, steps))
+		if err := tw.Flush(); err != nil || len(steps) == 0 {
+			return err
+		}
+		fmt.Fprintln(a.stdout)
+		tw = tabwriter.NewWriter(a.stdout, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "SEQ\tSTEP\tKIND\tCOMPLETED\tOUTPUT\tTOKEN")
+		for _, st := range steps {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%d bytes\t%d\n", st.Seq, stepName(st.Name), st.Kind, when(st.CompletedAt), len(st.Output), st.Token)
+		}
 		return tw.Flush()
 	}
 }

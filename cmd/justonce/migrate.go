@@ -111,6 +111,13 @@ func migrateTo(ctx context.Context, a *app, db *dbFlags, to int, up, asJSON bool
 	if latest := all[len(all)-1].Version; to > latest {
 		return usageErrorf("--to %d: this build knows versions up to %d", to, latest)
 	}
+	known := to == 0
+	for _, m := range all {
+		known = known || m.Version == to
+	}
+	if !known {
+		return usageErrorf("--to %d: no migration has that version", to)
+	}
 	m, pool, schema, err := db.migrator(ctx)
 	if err != nil {
 		return err
@@ -124,12 +131,18 @@ func migrateTo(ctx context.Context, a *app, db *dbFlags, to int, up, asJSON bool
 		to = st.Latest
 	}
 	out := migrateJSON{Schema: schema, From: st.Version, To: st.Version, Applied: []int{}}
+	// A version below the current one may be pending: released after a
+	// newer one. Up applies it.
+	pendingBelow := false
+	for _, v := range st.Pending {
+		pendingBelow = pendingBelow || v <= to
+	}
 	switch {
 	case up && to < st.Version:
 		return usageErrorf("--to %d is below the current version %d; use migrate down", to, st.Version)
 	case !up && to > st.Version:
 		return usageErrorf("--to %d is above the current version %d; use migrate up", to, st.Version)
-	case to != st.Version:
+	case to != st.Version || up && pendingBelow:
 		res, err := m.Migrate(ctx, to)
 		if err != nil {
 			return migrateErr(err)

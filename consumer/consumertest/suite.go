@@ -1,18 +1,9 @@
-// Package consumertest is the delivery-guarantee suite every transport
-// adapter must pass (like Watermill's pubsub/tests): duplicates run once,
-// poison messages are dead-lettered while the rest flows, hostile handlers
-// (one that ignores a SQL error, one whose deferred constraint fails at
-// COMMIT) never get a message acked without its effect, batch mode keeps
-// the same guarantees, a consumer stopped mid-stream and restarted, or a
-// shared consumer group, loses and doubles nothing. It runs against real
-// brokers and a real Postgres.
-//
-// An adapter implements Harness and calls Run from a test.
 package consumertest
 
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strconv"
 	"strings"
 	"sync"
@@ -21,12 +12,13 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
-	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/justoncetest"
 )
 
 // Msg is a message to publish. An empty ID publishes it without an ID.
@@ -52,14 +44,19 @@ type Options struct {
 	// Handler to run.
 	Handler consumer.Handler
 	// BatchSize > 0 runs batch mode with up to this many messages a batch
-	// (the front's Config.BatchSize).
+	// (the front's Scheduling.BatchSize). 0: as the Harness runs the front
+	// by default (one message a transaction, or the front's own batches).
 	BatchSize int
+	// Concurrency > 0 sets the front's Scheduling.Concurrency; 0: its
+	// default.
+	Concurrency int
 }
 
 // Harness adapts one transport to the suite.
 type Harness interface {
 	// NewTopic returns a fresh topic (Kafka) or subject with its stream
-	// (NATS), with a dead-letter destination, ready to publish to.
+	// (NATS), with a dead-letter destination, ready to publish to. With
+	// Features.Stall it has at least two lanes (Kafka partitions).
 	NewTopic(t *testing.T) string
 	// Publish sends msgs to topic in order, the ID in the transport's
 	// default ID header.
@@ -70,6 +67,54 @@ type Harness interface {
 	Start(t *testing.T, topic, group string, opts Options) (stop func())
 	// DeadLetters returns what reached topic's dead-letter destination.
 	DeadLetters(t *testing.T, topic string) []DeadLetter
+	// Pending returns how many messages of topic group has not
+	// acknowledged: Kafka, the end offsets less the group's committed
+	// offsets; JetStream, the durable's pending and unacknowledged
+	// messages.
+	Pending(t *testing.T, topic, group string) int
+	// PostgresURL returns the connection string (a URL or keyword/value)
+	// of a Postgres on which the suite may create schemas: each case makes
+	// one of its own, migrated, and drops it at its end.
+	PostgresURL(t *testing.T) string
+}
+
+// CrashHarness is a Harness whose consumer can run in a child process:
+// Features.Crash needs one. The suite runs the test that called Run again
+// in a child process, where Run plays the child's part: the test builds
+// its Harness there as it does in the parent, with ChildEnv's environment.
+type CrashHarness interface {
+	Harness
+	// ChildEnv returns what the child process needs in its environment,
+	// beyond the parent's, to build the same Harness on the same broker
+	// (such as the broker's address, when the test found it other than in
+	// the environment), as "NAME=value" entries.
+	ChildEnv() []string
+	// RunChild runs, in the child process, a consumer of group on topic
+	// with opts, configured as a program would run it (no test tuning
+	// that would hide what a restart costs, such as shorter group
+	// timeouts), until ctx ends, and returns its Run's error.
+	RunChild(ctx context.Context, topic, group string, opts Options) error
+}
+
+// StallHarness is a Harness that publishes to one lane of a topic:
+// Features.Stall needs one.
+type StallHarness interface {
+	Harness
+	// PublishLane sends msgs in order to lane 0 or 1 of topic: messages
+	// of one lane run one after the other, apart from the other lane's
+	// (Kafka: a partition).
+	PublishLane(t *testing.T, topic string, lane int, msgs []Msg)
+}
+
+// ReplayHarness is a Harness whose front replays a topic: Features.Replay
+// needs one.
+type ReplayHarness interface {
+	Harness
+	// Replay runs the Replay method of a consumer of group on topic made
+	// from opts (its handler, scope and ID extractor), with ro, from the
+	// first message stored at or after since (zero: from the start of the
+	// topic), and returns its report.
+	Replay(t *testing.T, topic, group string, opts Options, since time.Time, ro consumer.ReplayOptions) (consumer.ReplayReport, error)
 }
 
 // Features says what an adapter supports.
@@ -79,6 +124,20 @@ type Features struct {
 	// SharedGroup: two consumers may share one group (Kafka consumer
 	// group, JetStream durable).
 	SharedGroup bool
+	// Crash: the Crash cases, on Linux: a consumer in a child process
+	// SIGKILLed mid-stream and restarted. The Harness must be a
+	// CrashHarness.
+	Crash bool
+	// CrashRestart, with Crash, bounds how soon a consumer started right
+	// after another was SIGKILLed has its first effect (Kafka: the group
+	// moves a dead member's partitions when its session times out). 0: no
+	// bound but the case's deadlines.
+	CrashRestart time.Duration
+	// Stall: the Stall case, a retrying message that must hold up only its
+	// lane. The Harness must be a StallHarness.
+	Stall bool
+	// Replay: the Replay case. The Harness must be a ReplayHarness.
+	Replay bool
 }
 
 // Start runs c, a front's Consumer, until the returned stop is called or
@@ -112,8 +171,24 @@ func Start(t testing.TB, c interface{ Run(context.Context) error }) (stop func()
 	return stop, done
 }
 
-// Run runs the suite.
+// Run runs the suite: the cases Features switches on, each as a subtest.
+// In the child process of a Crash case it plays the child's part instead
+// and ends the process.
 func Run(t *testing.T, h Harness, f Features) {
+	runAsChild(t, h)
+	s := &suite{h: h, f: f, test: t.Name()}
+	needs := func(on, ok bool, feature, iface string) {
+		if on && !ok {
+			t.Fatalf("consumertest: Features.%s needs a Harness that implements %s", feature, iface)
+		}
+	}
+	_, crash := h.(CrashHarness)
+	_, stall := h.(StallHarness)
+	_, replay := h.(ReplayHarness)
+	needs(f.Crash, crash, "Crash", "CrashHarness")
+	needs(f.Stall, stall, "Stall", "StallHarness")
+	needs(f.Replay, replay, "Replay", "ReplayHarness")
+
 	t.Run("DuplicatesRunOnce", func(t *testing.T) { testDuplicates(t, h, 0) })
 	t.Run("PoisonDeadLettered", func(t *testing.T) { testPoison(t, h, 0) })
 	t.Run("NoIDDeadLettered", func(t *testing.T) { testNoID(t, h) })
@@ -129,23 +204,97 @@ func Run(t *testing.T, h Harness, f Features) {
 	if f.SharedGroup {
 		t.Run("SharedGroupRunsOnce", func(t *testing.T) { testSharedGroup(t, h) })
 	}
+	// The long cases run side by side, after the others.
+	if f.Crash {
+		t.Run("Crash", func(t *testing.T) {
+			t.Parallel()
+			testCrash(t, s, 0)
+		})
+		if f.Batch {
+			t.Run("BatchCrash", func(t *testing.T) {
+				t.Parallel()
+				testCrash(t, s, 20)
+			})
+		}
+	}
+	if f.Stall {
+		t.Run("RetryingMessageHoldsOnlyItsLane", func(t *testing.T) {
+			t.Parallel()
+			testStall(t, s)
+		})
+	}
+	if f.Replay {
+		t.Run("ReplayRunsOnlyTheMissing", func(t *testing.T) {
+			t.Parallel()
+			testReplay(t, s)
+		})
+	}
 }
 
-// fixture is one test's database, ledger and effect counter.
+// suite is one Run's harness, features and test name (the child process
+// of a Crash case runs that test again).
+type suite struct {
+	h    Harness
+	f    Features
+	test string
+}
+
+// fixture is one case's database, ledger and effect counter.
 type fixture struct {
-	pg     *testsvc.PG
+	pool   *pgxpool.Pool // search_path: schema
 	ledger *inbox.Ledger
+	dsn    string       // the Harness's Postgres
+	schema string       // the case's own
 	runs   atomic.Int64 // handler calls that committed or not
 	seen   atomic.Int64 // ledger outcomes Executed or Duplicate
 }
 
-func newFixture(t *testing.T) *fixture {
-	pg := testsvc.Postgres(t, testsvc.MaxConns(10))
+func newFixture(t *testing.T, h Harness) *fixture {
+	t.Helper()
+	dsn := h.PostgresURL(t)
+	l := justoncetest.Ledger(t, justoncetest.WithDatabase(dsn), justoncetest.WithMaxConns(10))
+	fx := &fixture{pool: l.Pool(), ledger: l, dsn: dsn, schema: l.Pool().Config().ConnConfig.RuntimeParams["search_path"]}
 	// No unique constraint: a doubled effect shows as a second row.
-	pg.Exec(t, `CREATE TABLE effects (event_id text NOT NULL, value bytea, n bigserial)`)
-	l, err := inbox.New(pg.Pool, inbox.Config{})
-	require.NoError(t, err)
-	return &fixture{pg: pg, ledger: l}
+	fx.exec(t, `CREATE TABLE effects (event_id text NOT NULL, value bytea, n bigserial)`)
+	return fx
+}
+
+// exec runs sql in the case's schema.
+func (fx *fixture) exec(t testing.TB, sql string, args ...any) {
+	t.Helper()
+	_, err := fx.pool.Exec(context.Background(), sql, args...)
+	require.NoError(t, err, sql)
+}
+
+// count returns the result of a count query.
+func (fx *fixture) count(t testing.TB, sql string, args ...any) int {
+	t.Helper()
+	var n int
+	require.NoError(t, fx.pool.QueryRow(context.Background(), sql, args...).Scan(&n), sql)
+	return n
+}
+
+// effects counts the effect rows.
+func (fx *fixture) effects(t testing.TB) int { return fx.count(t, `SELECT count(*) FROM effects`) }
+
+// eventually waits until cond holds, checking every 10 ms, and fails the
+// test with msg when deadline passes first.
+func eventually(t testing.TB, deadline time.Duration, cond func() bool, msg string, args ...any) {
+	t.Helper()
+	end := time.Now().Add(deadline)
+	for !cond() {
+		if time.Now().After(end) {
+			t.Fatalf("consumertest: not within %s: %s", deadline, fmt.Sprintf(msg, args...))
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// waitAcked waits until group has acknowledged every message of topic.
+func waitAcked(t *testing.T, h Harness, topic, group string) {
+	t.Helper()
+	eventually(t, 60*time.Second, func() bool { return h.Pending(t, topic, group) == 0 },
+		"group %s acknowledged everything of %s (%d pending)", group, topic, h.Pending(t, topic, group))
 }
 
 func (fx *fixture) options(scope string, h consumer.Handler) Options {
@@ -175,22 +324,27 @@ func (fx *fixture) insert(ctx context.Context, tx pgx.Tx, m *consumer.Message) e
 // assertExactlyOnce checks effects == unique IDs, each once.
 func (fx *fixture) assertExactlyOnce(t *testing.T, unique int) {
 	t.Helper()
-	require.Equal(t, unique, fx.pg.Count(t, `SELECT count(*) FROM effects`), "effects")
-	require.Equal(t, unique, fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`), "distinct effects")
-	require.Equal(t, unique, fx.pg.Count(t, `SELECT count(*) FROM processed_events WHERE status = 'done'`), "ledger rows")
+	require.Equal(t, unique, fx.count(t, `SELECT count(*) FROM effects`), "effects (doubled if more, lost if fewer)")
+	require.Equal(t, unique, fx.count(t, `SELECT count(DISTINCT event_id) FROM effects`), "distinct effects")
+	require.Equal(t, unique, fx.count(t, `SELECT count(*) FROM processed_events WHERE status = 'done'`), "ledger rows")
 }
 
-func ids(prefix string, from, to int) []Msg {
-	var out []Msg
+// ids returns messages with IDs prefix-from .. prefix-(to-1) over 7 keys.
+func ids(prefix string, from, to int) []Msg { return events(prefix, from, to, 7) }
+
+// events returns messages with IDs prefix-from .. prefix-(to-1), each ID
+// also its value, spread over keys keys.
+func events(prefix string, from, to, keys int) []Msg {
+	out := make([]Msg, 0, to-from)
 	for i := from; i < to; i++ {
 		id := prefix + "-" + strconv.Itoa(i)
-		out = append(out, Msg{ID: id, Key: strconv.Itoa(i % 7), Value: []byte(id)})
+		out = append(out, Msg{ID: id, Key: strconv.Itoa(i % keys), Value: []byte(id)})
 	}
 	return out
 }
 
 func testDuplicates(t *testing.T, h Harness, batch int) {
-	fx := newFixture(t)
+	fx := newFixture(t, h)
 	topic := h.NewTopic(t)
 	const unique, dups = 500, 100
 	msgs := ids("evt", 0, unique)
@@ -205,7 +359,7 @@ func testDuplicates(t *testing.T, h Harness, batch int) {
 	opts := fx.options("dups-"+topic, fx.insert)
 	opts.BatchSize = batch
 	stop := h.Start(t, topic, "g-"+topic, opts)
-	testsvc.Eventually(t, 60*time.Second, func() bool { return fx.seen.Load() >= unique+dups },
+	eventually(t, 60*time.Second, func() bool { return fx.seen.Load() >= unique+dups },
 		"all %d deliveries answered (got %d)", unique+dups, fx.seen.Load())
 	stop()
 	fx.assertExactlyOnce(t, unique)
@@ -213,7 +367,7 @@ func testDuplicates(t *testing.T, h Harness, batch int) {
 }
 
 func testPoison(t *testing.T, h Harness, batch int) {
-	fx := newFixture(t)
+	fx := newFixture(t, h)
 	topic := h.NewTopic(t)
 	msgs := ids("ok", 0, 40)
 	poisonID := "poison-1"
@@ -232,8 +386,8 @@ func testPoison(t *testing.T, h Harness, batch int) {
 	})
 	opts.BatchSize = batch
 	stop := h.Start(t, topic, "g-"+topic, opts)
-	testsvc.Eventually(t, 60*time.Second, func() bool {
-		return fx.pg.Count(t, `SELECT count(*) FROM effects`) >= len(msgs) && len(h.DeadLetters(t, topic)) >= 1
+	eventually(t, 60*time.Second, func() bool {
+		return fx.count(t, `SELECT count(*) FROM effects`) >= len(msgs) && len(h.DeadLetters(t, topic)) >= 1
 	}, "good messages run and the poison is dead-lettered")
 	stop()
 	fx.assertExactlyOnce(t, len(msgs))
@@ -246,16 +400,16 @@ func testPoison(t *testing.T, h Harness, batch int) {
 	require.Equal(t, "3", dl[0].Headers[consumer.HeaderDLAttempts])
 	require.NotEmpty(t, dl[0].Headers[consumer.HeaderDLOrigin])
 	require.GreaterOrEqual(t, poisonRuns.Load(), int64(3))
-	require.Equal(t, 1, fx.pg.Count(t, `SELECT count(*) FROM processed_events WHERE status = 'failed' AND event_id = $1`, poisonID))
+	require.Equal(t, 1, fx.count(t, `SELECT count(*) FROM processed_events WHERE status = 'failed' AND event_id = $1`, poisonID))
 }
 
 func testNoID(t *testing.T, h Harness) {
-	fx := newFixture(t)
+	fx := newFixture(t, h)
 	topic := h.NewTopic(t)
 	h.Publish(t, topic, []Msg{{ID: "a", Value: []byte("a")}, {ID: "", Value: []byte("anonymous")}, {ID: "b", Value: []byte("b")}})
 	stop := h.Start(t, topic, "g-"+topic, fx.options("noid-"+topic, fx.insert))
-	testsvc.Eventually(t, 60*time.Second, func() bool {
-		return fx.pg.Count(t, `SELECT count(*) FROM effects`) >= 2 && len(h.DeadLetters(t, topic)) >= 1
+	eventually(t, 60*time.Second, func() bool {
+		return fx.count(t, `SELECT count(*) FROM effects`) >= 2 && len(h.DeadLetters(t, topic)) >= 1
 	}, "messages with IDs run, the one without is dead-lettered")
 	stop()
 	fx.assertExactlyOnce(t, 2)
@@ -266,7 +420,7 @@ func testNoID(t *testing.T, h Harness) {
 }
 
 func testRestart(t *testing.T, h Harness) {
-	fx := newFixture(t)
+	fx := newFixture(t, h)
 	topic := h.NewTopic(t)
 	const n = 300
 	h.Publish(t, topic, ids("r", 0, n))
@@ -306,9 +460,9 @@ func testRestart(t *testing.T, h Harness) {
 			defer heldMu.Unlock()
 			return append([]string(nil), held...)
 		}
-		testsvc.Eventually(t, 60*time.Second, func() bool { return len(heldNow()) > 0 },
+		eventually(t, 60*time.Second, func() bool { return len(heldNow()) > 0 },
 			"round %d: a handler waits at the barrier after %d calls", round, target)
-		done := fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`)
+		done := fx.count(t, `SELECT count(DISTINCT event_id) FROM effects`)
 		require.Positive(t, done, "round %d: some messages were done before the stop", round)
 		require.Less(t, done, n, "round %d: not all messages were done before the stop", round)
 		running := heldNow()
@@ -325,15 +479,15 @@ func testRestart(t *testing.T, h Harness) {
 			t.Fatalf("round %d: stop did not return within 60s", round)
 		}
 		for _, id := range running {
-			require.Equal(t, 1, fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, id),
+			require.Equal(t, 1, fx.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, id),
 				"round %d: the handler of %s, running at the stop, was finished and committed", round, id)
 		}
 	}
 	// Produce more while nobody consumes, including redelivered IDs.
 	h.Publish(t, topic, ids("r", n-50, n+100))
 	stop := h.Start(t, topic, group, fx.options(scope, fx.insert))
-	testsvc.Eventually(t, 60*time.Second, func() bool {
-		return fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`) >= n+100
+	eventually(t, 60*time.Second, func() bool {
+		return fx.count(t, `SELECT count(DISTINCT event_id) FROM effects`) >= n+100
 	}, "everything processed after restarts")
 	stop()
 	fx.assertExactlyOnce(t, n+100)
@@ -342,12 +496,12 @@ func testRestart(t *testing.T, h Harness) {
 // hostileFixture is a fixture with the tables hostile handlers break:
 // uniq, whose one row a handler inserts again; child, whose deferred
 // foreign key fails at COMMIT.
-func hostileFixture(t *testing.T) *fixture {
-	fx := newFixture(t)
-	fx.pg.Exec(t, `CREATE TABLE uniq (n int PRIMARY KEY)`)
-	fx.pg.Exec(t, `INSERT INTO uniq VALUES (1)`)
-	fx.pg.Exec(t, `CREATE TABLE parent (id text PRIMARY KEY)`)
-	fx.pg.Exec(t, `CREATE TABLE child (parent text REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)`)
+func hostileFixture(t *testing.T, h Harness) *fixture {
+	fx := newFixture(t, h)
+	fx.exec(t, `CREATE TABLE uniq (n int PRIMARY KEY)`)
+	fx.exec(t, `INSERT INTO uniq VALUES (1)`)
+	fx.exec(t, `CREATE TABLE parent (id text PRIMARY KEY)`)
+	fx.exec(t, `CREATE TABLE child (parent text REFERENCES parent (id) DEFERRABLE INITIALLY DEFERRED)`)
 	return fx
 }
 
@@ -370,9 +524,9 @@ func (fx *fixture) requireFailed(t *testing.T, h Harness, topic, id string, caus
 		found = found || strings.Contains(cause, c)
 	}
 	require.True(t, found, "dead-letter cause %q names one of %q", cause, causes)
-	require.Equal(t, 1, fx.pg.Count(t, `SELECT count(*) FROM processed_events WHERE status = 'failed' AND event_id = $1`, id),
+	require.Equal(t, 1, fx.count(t, `SELECT count(*) FROM processed_events WHERE status = 'failed' AND event_id = $1`, id),
 		"%s recorded failed", id)
-	require.Equal(t, 0, fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, id), "%s has no effect", id)
+	require.Equal(t, 0, fx.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, id), "%s has no effect", id)
 }
 
 // testSwallowed: a handler ignores a SQL error (a unique violation) and
@@ -381,7 +535,7 @@ func (fx *fixture) requireFailed(t *testing.T, h Harness, topic, id string, caus
 // end with their effect once, the one that never behaves is dead-lettered
 // after MaxAttempts and recorded failed; the others flow.
 func testSwallowed(t *testing.T, h Harness, batch int) {
-	fx := hostileFixture(t)
+	fx := hostileFixture(t, h)
 	topic := h.NewTopic(t)
 	good := ids("ok", 0, 30)
 	once := []string{"swallow-once-0", "swallow-once-1", "swallow-once-2"}
@@ -416,13 +570,13 @@ func testSwallowed(t *testing.T, h Harness, batch int) {
 	opts.BatchSize = batch
 	stop := h.Start(t, topic, "g-"+topic, opts)
 	want := len(good) + len(once)
-	testsvc.Eventually(t, 60*time.Second, func() bool {
-		return fx.pg.Count(t, `SELECT count(*) FROM effects`) >= want && len(h.DeadLetters(t, topic)) >= 1
+	eventually(t, 60*time.Second, func() bool {
+		return fx.count(t, `SELECT count(*) FROM effects`) >= want && len(h.DeadLetters(t, topic)) >= 1
 	}, "every message ends: with its effect, or dead-lettered")
 	stop()
 	fx.assertExactlyOnce(t, want)
 	for _, id := range once {
-		require.Equal(t, 1, fx.pg.Count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, id), id)
+		require.Equal(t, 1, fx.count(t, `SELECT count(*) FROM effects WHERE event_id = $1`, id), id)
 		mu.Lock()
 		require.GreaterOrEqual(t, runs[id], 2, "%s: its effect came from a real retry", id)
 		mu.Unlock()
@@ -436,7 +590,7 @@ func testSwallowed(t *testing.T, h Harness, batch int) {
 // dead-lettered after MaxAttempts and recorded failed, while the messages
 // behind it (same key, same Kafka partition) keep flowing.
 func testDeferred(t *testing.T, h Harness, batch int) {
-	fx := hostileFixture(t)
+	fx := hostileFixture(t, h)
 	topic := h.NewTopic(t)
 	good := ids("ok", 0, 40)
 	const bad = "deferred-fk"
@@ -457,8 +611,8 @@ func testDeferred(t *testing.T, h Harness, batch int) {
 	})
 	opts.BatchSize = batch
 	stop := h.Start(t, topic, "g-"+topic, opts)
-	testsvc.Eventually(t, 60*time.Second, func() bool {
-		return fx.pg.Count(t, `SELECT count(*) FROM effects`) >= len(good) && len(h.DeadLetters(t, topic)) >= 1
+	eventually(t, 60*time.Second, func() bool {
+		return fx.count(t, `SELECT count(*) FROM effects`) >= len(good) && len(h.DeadLetters(t, topic)) >= 1
 	}, "the good messages run and the failing one is dead-lettered")
 	stop()
 	fx.assertExactlyOnce(t, len(good))
@@ -468,7 +622,7 @@ func testDeferred(t *testing.T, h Harness, batch int) {
 }
 
 func testSharedGroup(t *testing.T, h Harness) {
-	fx := newFixture(t)
+	fx := newFixture(t, h)
 	topic := h.NewTopic(t)
 	const n = 400
 	group := "g-" + topic
@@ -483,13 +637,13 @@ func testSharedGroup(t *testing.T, h Harness) {
 	start()
 	h.Publish(t, topic, ids("s", 0, n/2))
 	// A second member joins mid-stream: a rebalance.
-	testsvc.Eventually(t, 60*time.Second, func() bool { return fx.runs.Load() >= n/8 }, "first member progresses")
+	eventually(t, 60*time.Second, func() bool { return fx.runs.Load() >= n/8 }, "first member progresses")
 	start()
 	h.Publish(t, topic, ids("s", n/2, n))
 	h.Publish(t, topic, ids("s", 0, n/4)) // redeliveries
-	testsvc.Eventually(t, 90*time.Second, func() bool {
-		return fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`) >= n
-	}, "all processed by the group (got %d)", fx.pg.Count(t, `SELECT count(DISTINCT event_id) FROM effects`))
+	eventually(t, 90*time.Second, func() bool {
+		return fx.count(t, `SELECT count(DISTINCT event_id) FROM effects`) >= n
+	}, "all processed by the group (got %d)", fx.count(t, `SELECT count(DISTINCT event_id) FROM effects`))
 	for _, s := range stops {
 		s()
 	}

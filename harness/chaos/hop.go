@@ -20,17 +20,13 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"io"
 	"log/slog"
-	mrand "math/rand/v2"
-	"net"
 	"net/http"
 	"os"
 	"sort"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -40,11 +36,9 @@ import (
 	"github.com/segmentio/kafka-go"
 	"github.com/twmb/franz-go/pkg/kgo"
 
-	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/kafkaadmin"
 	"github.com/justonce/justonce/httpbridge"
-	"github.com/justonce/justonce/httpretry"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/outbox"
 	"github.com/justonce/justonce/transports/franzinbox"
@@ -122,6 +116,7 @@ type hopArgs struct {
 	outboxInitOnce sync.Once
 	outboxInst     *outbox.Outbox
 	outboxErr      error
+	stats          *workerStats // a soak run's measures (nil: off)
 }
 
 func (a *hopArgs) nc() (*nats.Conn, error) {
@@ -241,6 +236,20 @@ func effectHandler(pipe string) consumer.Handler {
 	}
 }
 
+// headerSent carries, in a soak run, when the pipeline's source event was
+// sent (Unix nanoseconds): B measures the pipeline's latency from it.
+const headerSent = "chaos-sent"
+
+// sentHeaders returns A's headers of an outbox message: the source, the
+// run of A's handler, and (in a soak run) when the source was sent.
+func (a *hopArgs) sentHeaders(source string, sent time.Time) []consumer.Header {
+	hs := []consumer.Header{{Key: headerSource, Value: []byte(source)}, {Key: headerRun, Value: []byte(randHex(8))}}
+	if a.stats != nil && !sent.IsZero() {
+		hs = append(hs, consumer.Header{Key: headerSent, Value: []byte(strconv.FormatInt(sent.UnixNano(), 10))})
+	}
+	return hs
+}
+
 // hopWorker runs one pipeline role until ctx ends.
 func hopWorker(ctx context.Context, a *hopArgs) int {
 	fail := func(err error) int {
@@ -250,117 +259,38 @@ func hopWorker(ctx context.Context, a *hopArgs) int {
 	pc := a.pc
 	pc.Scope = "chaos-" + a.role[len("hop-"):]
 	if a.role == roleKNB || a.role == roleHKB {
-		// B reports the deliveries its ledger answered as duplicates: relay
-		// republishes after a kill and redeliveries after B's own.
-		outcome := pc.Hooks.OnOutcome
-		pc.Hooks.OnOutcome = func(m *consumer.Message, out inbox.Outcome, d time.Duration) {
-			outcome(m, out, d)
-			if out.Disposition == inbox.Duplicate {
-				a.report("hop-duplicate:" + a.role)
-			}
-		}
+		pc.Hooks.OnOutcome = a.bOutcome(pc.Hooks.OnOutcome)
 	}
 	relayCtx, stopRelays := context.WithCancel(context.WithoutCancel(ctx))
 	defer func() { stopRelays(); a.relays.Wait() }()
-	if a.relay {
+	if a.relay || a.role == roleRelay {
 		if err := a.startRelay(relayCtx); err != nil {
 			return fail(err)
 		}
 	}
 	var run func(context.Context) error
+	var err error
 	switch a.role {
 	case roleRelay:
-		if !a.relay {
-			if err := a.startRelay(relayCtx); err != nil {
-				return fail(err)
-			}
-		}
 		run = func(ctx context.Context) error { <-ctx.Done(); return nil }
 	case roleKNA:
-		ob, err := a.outbox()
-		if err != nil {
-			return fail(err)
-		}
-		h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-			// The key spreads the messages over the outbox's lanes, so
-			// that the relays publish side by side.
-			if _, err := ob.Add(ctx, tx, outbox.Message{Broker: outbox.NATS, Topic: hopSubject, Key: []byte(m.ID), Value: []byte(m.ID),
-				Headers: []consumer.Header{{Key: headerSource, Value: []byte(m.ID)}, {Key: headerRun, Value: []byte(randHex(8))}}}); err != nil {
-				return err
-			}
-			if !a.hostileInA {
-				return nil
-			}
-			return misbehave(ctx, tx, m, onceKind(kindOf(m.ID, a.every)), a.slowFor, func(s string) { a.report("hostile:" + s) })
-		}
-		c, err := kafkainbox.New(kafkainbox.Config{Brokers: strings.Split(a.brokers, ","), Topic: a.topic, GroupID: "chaos-" + a.topic,
-			Processor: pc, Scheduling: consumer.Scheduling{BatchSize: a.batch}, CommitInterval: 200 * time.Millisecond}, h)
-		if err != nil {
-			return fail(err)
-		}
-		run = c.Run
+		run, err = a.knA(pc)
 	case roleKNB:
-		nc, err := a.nc()
-		if err != nil {
-			return fail(err)
-		}
-		c, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: hopStream, Durable: "chaos-hop",
-			Processor: pc, AckWait: 5 * time.Second, Scheduling: consumer.Scheduling{BatchSize: a.batch}}, effectHandler(pipeKN))
-		if err != nil {
-			return fail(err)
-		}
-		run = c.Run
+		run, err = a.knB(pc)
 	case roleHKB:
-		c, err := kafkainbox.New(kafkainbox.Config{Brokers: strings.Split(a.brokers, ","), Topic: a.topic, GroupID: "chaos-" + a.topic,
+		var c *kafkainbox.Consumer
+		c, err = kafkainbox.New(kafkainbox.Config{Brokers: strings.Split(a.brokers, ","), Topic: a.topic, GroupID: "chaos-" + a.topic,
 			Processor: pc, Scheduling: consumer.Scheduling{BatchSize: a.batch}, CommitInterval: 200 * time.Millisecond}, effectHandler(pipeHK))
-		if err != nil {
-			return fail(err)
+		if err == nil {
+			run = c.Run
 		}
-		run = c.Run
 	case roleHKA:
-		ob, err := a.outbox()
-		if err != nil {
-			return fail(err)
-		}
-		bridge, err := httpbridge.New(httpbridge.Config{Ledger: a.ledger})
-		if err != nil {
-			return fail(err)
-		}
-		route := bridge.Route(httpbridge.RouteConfig{Scope: pc.Scope, Required: true})
-		mux := http.NewServeMux()
-		first := sync.Once{}
-		mux.Handle("POST /order", route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			key, _ := httpbridge.Key(r.Context())
-			if _, err := ob.Add(r.Context(), httpbridge.Tx(r.Context()), outbox.Message{Broker: outbox.Kafka, Topic: a.topic,
-				Key: []byte(key), Value: []byte(key), Headers: []consumer.Header{{Key: headerSource, Value: []byte(key)}, {Key: headerRun, Value: []byte(randHex(8))}}}); err != nil {
-				http.Error(w, err.Error(), http.StatusServiceUnavailable)
-				return
-			}
-			first.Do(func() { a.report("first-effect") })
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusCreated)
-			// A body unique to this execution: every client of a key must see it.
-			fmt.Fprintf(w, `{"key":%q,"order":"ord_%s"}`, key, randHex(6))
-		})))
-		ln, err := listenRetry(a.listen)
-		if err != nil {
-			return fail(err)
-		}
-		srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-		run = func(ctx context.Context) error {
-			go func() {
-				<-ctx.Done()
-				sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				defer cancel()
-				_ = srv.Shutdown(sctx)
-			}()
-			if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
-				return err
-			}
-			return nil
-		}
+		run, err = a.hkA(pc)
 	default:
-		return fail(fmt.Errorf("unknown role %q", a.role))
+		err = fmt.Errorf("unknown role %q", a.role)
+	}
+	if err != nil {
+		return fail(err)
 	}
 	if err := run(ctx); err != nil {
 		return fail(err)
@@ -368,17 +298,125 @@ func hopWorker(ctx context.Context, a *hopArgs) int {
 	return 0
 }
 
-// listenRetry listens on addr, trying again for a few seconds while the
-// port is still held (a killed predecessor's socket).
-func listenRetry(addr string) (net.Listener, error) {
-	var err error
-	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(50 * time.Millisecond) {
-		var ln net.Listener
-		if ln, err = net.Listen("tcp", addr); err == nil {
-			return ln, nil
+// bOutcome wraps B's OnOutcome: B reports the deliveries its ledger
+// answered as duplicates (relay republishes after a kill and redeliveries
+// after B's own) and, in a soak run, the pipeline's latency of each effect.
+func (a *hopArgs) bOutcome(outcome func(*consumer.Message, inbox.Outcome, time.Duration)) func(*consumer.Message, inbox.Outcome, time.Duration) {
+	pipe := pipeKN
+	if a.role == roleHKB {
+		pipe = pipeHK
+	}
+	return func(m *consumer.Message, out inbox.Outcome, d time.Duration) {
+		outcome(m, out, d)
+		switch out.Disposition {
+		case inbox.Duplicate:
+			a.report("hop-duplicate:" + a.role)
+		case inbox.Executed:
+			if a.stats == nil {
+				return
+			}
+			for _, h := range m.Headers {
+				if h.Key == headerSent {
+					if ns, err := strconv.ParseInt(string(h.Value), 10, 64); err == nil {
+						a.stats.observe(pipe, time.Since(time.Unix(0, ns)))
+					}
+				}
+			}
 		}
 	}
-	return nil, err
+}
+
+// knA is the kafka>nats pipeline's A: a kafkainbox consumer whose handler
+// adds one NATS message per event to the outbox (and misbehaves as the
+// intermittent hostile kinds do).
+func (a *hopArgs) knA(pc consumer.Config) (func(context.Context) error, error) {
+	ob, err := a.outbox()
+	if err != nil {
+		return nil, err
+	}
+	h := func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+		// The key spreads the messages over the outbox's lanes, so
+		// that the relays publish side by side.
+		if _, err := ob.Add(ctx, tx, outbox.Message{Broker: outbox.NATS, Topic: hopSubject, Key: []byte(m.ID), Value: []byte(m.ID),
+			Headers: a.sentHeaders(m.ID, m.Time)}); err != nil {
+			return err
+		}
+		if !a.hostileInA {
+			return nil
+		}
+		return misbehave(ctx, tx, m, onceKind(kindOf(m.ID, a.every)), a.slowFor, func(s string) { a.report("hostile:" + s) })
+	}
+	c, err := kafkainbox.New(kafkainbox.Config{Brokers: strings.Split(a.brokers, ","), Topic: a.topic, GroupID: "chaos-" + a.topic,
+		Processor: pc, Scheduling: consumer.Scheduling{BatchSize: a.batch}, CommitInterval: 200 * time.Millisecond}, h)
+	if err != nil {
+		return nil, err
+	}
+	return c.Run, nil
+}
+
+// knB is the kafka>nats pipeline's B: a natsinbox consumer, one effect per
+// event.
+func (a *hopArgs) knB(pc consumer.Config) (func(context.Context) error, error) {
+	nc, err := a.nc()
+	if err != nil {
+		return nil, err
+	}
+	c, err := natsinbox.New(natsinbox.Config{Conn: nc, Stream: hopStream, Durable: "chaos-hop",
+		Processor: pc, AckWait: 5 * time.Second, Scheduling: consumer.Scheduling{BatchSize: a.batch}}, effectHandler(pipeKN))
+	if err != nil {
+		return nil, err
+	}
+	return c.Run, nil
+}
+
+// hkA is the http>kafka pipeline's A: the HTTP bridge, whose handler adds
+// one Kafka message per key to the outbox.
+func (a *hopArgs) hkA(pc consumer.Config) (func(context.Context) error, error) {
+	ob, err := a.outbox()
+	if err != nil {
+		return nil, err
+	}
+	bridge, err := httpbridge.New(httpbridge.Config{Ledger: a.ledger})
+	if err != nil {
+		return nil, err
+	}
+	route := bridge.Route(httpbridge.RouteConfig{Scope: pc.Scope, Required: true})
+	mux := http.NewServeMux()
+	first := sync.Once{}
+	mux.Handle("POST /order", route(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, _ := httpbridge.Key(r.Context())
+		var sent time.Time
+		if ns, err := strconv.ParseInt(r.Header.Get(headerSentHTTP), 10, 64); err == nil {
+			sent = time.Unix(0, ns)
+		}
+		if _, err := ob.Add(r.Context(), httpbridge.Tx(r.Context()), outbox.Message{Broker: outbox.Kafka, Topic: a.topic,
+			Key: []byte(key), Value: []byte(key), Headers: a.sentHeaders(key, sent)}); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		first.Do(func() { a.report("first-effect") })
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusCreated)
+		// A body unique to this execution: every client of a key must see it.
+		fmt.Fprintf(w, `{"key":%q,"order":"ord_%s"}`, key, randHex(6))
+	})))
+	ln, err := listenRetry(a.listen)
+	if err != nil {
+		return nil, err
+	}
+	srv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	return func(ctx context.Context) error {
+		go func() {
+			<-ctx.Done()
+			sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			_ = srv.Shutdown(sctx)
+		}()
+		if err := srv.Serve(ln); !errors.Is(err, http.ErrServerClosed) {
+			return err
+		}
+		return nil
+	}, nil
 }
 
 // hops is the parent's side of the pipelines.
@@ -388,9 +426,7 @@ type hops struct {
 	js              jetstream.JetStream
 	brokers         []string
 	ob              *outbox.Outbox
-	httpRequests    atomic.Int64
-	httpFailed      atomic.Int64
-	bodies          sync.Map // key -> *sync.Map of bodies
+	load            *keyLoad // the http>kafka pipeline's clients
 	published       map[string]int64
 	stats           string
 	statsErr        error
@@ -399,23 +435,77 @@ type hops struct {
 	readErr         error
 }
 
-// setupHops creates the pipelines' topics and stream and returns the
-// producer of the kafka>nats source.
-func setupHops(ctx context.Context, o options, h *hops, sum *summary, nc *nats.Conn) (*producer, error) {
+// startHops starts the two-hop pipelines: their topics and stream, A, B
+// and the relay processes, and the producers of their sources.
+func (e *env) startHops(ctx context.Context) error {
+	h := e.h
+	e.sum.hops = h
+	h.brokers = e.brokers
+	var err error
+	if h.ob, err = outbox.New(e.pool, outbox.Config{}); err != nil {
+		return fmt.Errorf("outbox: %w", err)
+	}
 	if h.hk {
-		h.topic = "chaos-hk-" + randHex(4)
-		if err := kafkaadmin.CreateTopic(h.brokers[0], h.topic, 4); err != nil {
-			return nil, fmt.Errorf("kafka hop topic: %w", err)
+		if err := e.hkTopic(); err != nil {
+			return err
 		}
-		sum.transports = append(sum.transports, pipeHK)
-		sum.unique[pipeHK] = o.twoHopHTTPKeys
-		sum.produced[pipeHK] = o.twoHopHTTPKeys * o.httpClients
-		sum.duplicates[pipeHK] = o.twoHopHTTPKeys * (o.httpClients - 1)
 	}
-	if !h.kn {
-		return nil, nil
+	if h.kn {
+		p, err := e.knSource(ctx)
+		if err != nil {
+			return err
+		}
+		e.producers[pipeKN] = p
+		e.onCleanup(p.closeFn)
 	}
-	js, err := jetstream.New(nc)
+	hopCommon := append([]string{"-brokers", strings.Join(e.brokers, ","), "-nats", e.nats.url(), "-kafka-publisher", e.o.kafkaPub}, e.common...)
+	var hopAddrs []string
+	for i := 0; i < e.o.hopWorkers; i++ {
+		if h.kn {
+			e.startSlot(roleKNA, i, append([]string{"-transport", roleKNA, "-topic", h.srcTopic}, hopCommon...))
+			e.startSlot(roleKNB, i, append([]string{"-transport", roleKNB}, hopCommon...))
+		}
+		if h.hk {
+			addr := "127.0.0.1:" + strconv.Itoa(freePort())
+			hopAddrs = append(hopAddrs, addr)
+			e.startSlot(roleHKA, i, append([]string{"-transport", roleHKA, "-topic", h.topic, "-listen", addr, "-relay"}, hopCommon...))
+			e.startSlot(roleHKB, i, append([]string{"-transport", roleHKB, "-topic", h.topic}, hopCommon...))
+		}
+	}
+	for i := 0; i < e.o.relays; i++ {
+		e.startSlot(roleRelay, i, append([]string{"-transport", roleRelay}, hopCommon...))
+	}
+	if h.hk {
+		// Each chunk of keys is sent, as the production goes on, from
+		// several clients at once, each attempt to one of A's processes at
+		// random (a killed one refuses; the retry goes elsewhere or to its
+		// successor).
+		h.load = &keyLoad{name: pipeHK, sem: make(chan struct{}, 16),
+			send: httpSend(&rotate{addrs: hopAddrs, rt: http.DefaultTransport}, "http://a/order", 200, e.stats != nil)}
+		e.producers[pipeHK] = h.load.producer(ctx, &e.reqWG, "y-", e.o.twoHopHTTPKeys, e.o.httpClients)
+	}
+	return nil
+}
+
+// hkTopic creates the http>kafka pipeline's hop topic.
+func (e *env) hkTopic() error {
+	h, o, sum := e.h, e.o, e.sum
+	h.topic = "chaos-hk-" + randHex(4)
+	if err := kafkaadmin.CreateTopic(h.brokers[0], h.topic, 4); err != nil {
+		return fmt.Errorf("kafka hop topic: %w", err)
+	}
+	sum.transports = append(sum.transports, pipeHK)
+	sum.unique[pipeHK] = o.twoHopHTTPKeys
+	sum.produced[pipeHK] = o.twoHopHTTPKeys * o.httpClients
+	sum.duplicates[pipeHK] = o.twoHopHTTPKeys * (o.httpClients - 1)
+	return nil
+}
+
+// knSource creates the kafka>nats pipeline's hop stream and source topic,
+// and returns the source's producer.
+func (e *env) knSource(ctx context.Context) (*producer, error) {
+	h, o, sum := e.h, e.o, e.sum
+	js, err := jetstream.New(e.nc)
 	if err != nil {
 		return nil, err
 	}
@@ -423,7 +513,7 @@ func setupHops(ctx context.Context, o options, h *hops, sum *summary, nc *nats.C
 	// The relay's Nats-Msg-Id is deduplicated within the window; a short
 	// one lets republishes after a relay kill through to B's ledger.
 	if _, err := js.CreateStream(ctx, jetstream.StreamConfig{Name: hopStream, Subjects: []string{hopSubject},
-		Storage: jetstream.FileStorage, Duplicates: 100 * time.Millisecond}); err != nil {
+		Storage: jetstream.FileStorage, Duplicates: 100 * time.Millisecond, Replicas: e.nats.replicas()}); err != nil {
 		return nil, err
 	}
 	h.srcTopic = "chaos-kn-" + randHex(4)
@@ -433,16 +523,8 @@ func setupHops(ctx context.Context, o options, h *hops, sum *summary, nc *nats.C
 	sum.transports = append(sum.transports, pipeKN)
 	ids, dups := plan("x-", o.twoHop, o.dupPct)
 	sum.produced[pipeKN], sum.duplicates[pipeKN], sum.unique[pipeKN] = len(ids), dups, o.twoHop
-	w := &kafka.Writer{Addr: kafka.TCP(h.brokers...), Topic: h.srcTopic, Balancer: &kafka.Hash{},
-		BatchSize: 1000, BatchTimeout: 5 * time.Millisecond, RequiredAcks: kafka.RequireAll,
-		WriteTimeout: 10 * time.Second, ReadTimeout: 10 * time.Second}
-	p := &producer{name: pipeKN, ids: ids, closeFn: func() { _ = w.Close() }, emit: func(ctx context.Context, ids []string) error {
-		msgs := make([]kafka.Message, len(ids))
-		for i, id := range ids {
-			msgs[i] = kafkainbox.NewMessage(id, []byte(id), []byte(`{"id":"`+id+`"}`))
-		}
-		return w.WriteMessages(ctx, msgs...)
-	}}
+	w := e.kafkaWriter(h.srcTopic)
+	p := &producer{name: pipeKN, ids: ids, closeFn: func() { _ = w.Close() }, emit: kafkaEmit(w)}
 	// Every source event must end with one effect at B (A's hostile kinds
 	// are the intermittent ones).
 	p.expect = make(map[string]hostileKind, o.twoHop)
@@ -456,69 +538,6 @@ func setupHops(ctx context.Context, o options, h *hops, sum *summary, nc *nats.C
 	}
 	sum.hostile[pipeKN] = hk
 	return p, nil
-}
-
-// httpProducer is the http>kafka pipeline's source: each chunk of keys is
-// sent, as the production goes on, from several clients at once, each
-// attempt to one of A's processes at random (a killed one refuses; the
-// retry goes elsewhere or to its successor). emit does not wait for the
-// answers: wg does.
-func (h *hops) httpProducer(ctx context.Context, wg *sync.WaitGroup, addrs []string, keys, clients int) *producer {
-	base := &rotate{addrs: addrs, rt: http.DefaultTransport}
-	client := &http.Client{Timeout: 30 * time.Second, Transport: &httpretry.Transport{Base: base, MaxAttempts: 200,
-		Backoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}}}
-	sem := make(chan struct{}, 16)
-	send := func(key string) {
-		defer wg.Done()
-		sem <- struct{}{}
-		defer func() { <-sem }()
-		h.httpRequests.Add(1)
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, "http://a/order", strings.NewReader(`{"key":"`+key+`"}`))
-		req.Header.Set("Idempotency-Key", key)
-		req.Header.Set("Content-Type", "application/json")
-		resp, err := client.Do(req)
-		if err != nil {
-			h.httpFailed.Add(1)
-			return
-		}
-		b, _ := io.ReadAll(resp.Body)
-		resp.Body.Close()
-		if resp.StatusCode/100 != 2 {
-			h.httpFailed.Add(1)
-			return
-		}
-		v, _ := h.bodies.LoadOrStore(key, &sync.Map{})
-		v.(*sync.Map).Store(string(b), true)
-	}
-	p := &producer{name: pipeHK, expect: make(map[string]hostileKind, keys), closeFn: func() {}}
-	for k := 0; k < keys; k++ {
-		id := "y-" + strconv.Itoa(k)
-		p.ids = append(p.ids, id)
-		p.expect[id] = normal
-	}
-	p.emit = func(ctx context.Context, ids []string) error {
-		for _, key := range ids {
-			for c := 0; c < clients; c++ {
-				wg.Add(1)
-				go send(key)
-			}
-		}
-		return nil
-	}
-	return p
-}
-
-// rotate sends each attempt to one of addrs at random.
-type rotate struct {
-	addrs []string
-	rt    http.RoundTripper
-}
-
-func (r *rotate) RoundTrip(req *http.Request) (*http.Response, error) {
-	req = req.Clone(req.Context())
-	req.URL.Host = r.addrs[mrand.N(len(r.addrs))]
-	req.Host = req.URL.Host
-	return r.rt.RoundTrip(req)
 }
 
 // finish reads what the brokers hold after the run: every message the
@@ -638,74 +657,13 @@ func readStream(ctx context.Context, js jetstream.JetStream, stream string, f fu
 	return nil
 }
 
-// verdictHops checks B's effects of each pipeline: one per unique source
-// ID, with one message ID.
+// verdictHops checks B's effects of each pipeline (verdictPipe), the
+// outbox at the end, and the http>kafka pipeline's clients.
 func verdictHops(ctx context.Context, sum *summary, pool *pgxpool.Pool, h *hops) {
 	for _, pipe := range []string{pipeKN, pipeHK} {
-		if (pipe == pipeKN && !h.kn) || (pipe == pipeHK && !h.hk) {
-			continue
+		if (pipe == pipeKN && h.kn) || (pipe == pipeHK && h.hk) {
+			verdictPipe(ctx, sum, pool, h, pipe)
 		}
-		prefix := "x-"
-		if pipe == pipeHK {
-			prefix = "y-"
-		}
-		rows, err := pool.Query(ctx, `SELECT event_id, count(*), count(DISTINCT msg_id) FROM effects WHERE transport = $1 GROUP BY event_id`, pipe)
-		if err != nil {
-			sum.problem("%s verdict: %v", pipe, err)
-			continue
-		}
-		seen := map[string]bool{}
-		var doubled, multiMsg, stray []string
-		err = func() error {
-			defer rows.Close()
-			for rows.Next() {
-				var id string
-				var n, msgs int
-				if err := rows.Scan(&id, &n, &msgs); err != nil {
-					return err
-				}
-				seen[id] = true
-				if n > 1 {
-					doubled = append(doubled, id)
-				}
-				if msgs > 1 {
-					multiMsg = append(multiMsg, id)
-				}
-				if i, err := strconv.Atoi(strings.TrimPrefix(id, prefix)); err != nil || !strings.HasPrefix(id, prefix) || i >= sum.unique[pipe] {
-					stray = append(stray, id)
-				}
-			}
-			return rows.Err()
-		}()
-		if err != nil {
-			sum.problem("%s verdict: %v", pipe, err)
-			continue
-		}
-		var lost []string
-		for i := 0; i < sum.unique[pipe]; i++ {
-			if id := prefix + strconv.Itoa(i); !seen[id] {
-				lost = append(lost, id)
-			}
-		}
-		sum.hopLost[pipe], sum.hopDoubled[pipe] = len(lost), len(doubled)
-		report := func(what string, ids []string) {
-			if len(ids) > 0 {
-				sum.problem("%s: %d × %s at B, e.g. %s", pipe, len(ids), what, strings.Join(ids[:min(5, len(ids))], " "))
-			}
-		}
-		var leaked []string
-		for src, runs := range h.runs[pipe] {
-			if len(runs) > 1 {
-				leaked = append(leaked, src)
-			}
-		}
-		sort.Strings(leaked)
-		sum.hopLeaked[pipe] = len(leaked)
-		report("source event's messages came from more than one run of A (a rolled-back run's message was published)", leaked)
-		report("source event lost", lost)
-		report("source event doubled", doubled)
-		report("source event reached B as more than one message ID", multiMsg)
-		report("effect of an event never produced", stray)
 	}
 	if h.readErr != nil {
 		sum.problem("reading the hops' messages: %v", h.readErr)
@@ -728,21 +686,79 @@ func verdictHops(ctx context.Context, sum *summary, pool *pgxpool.Pool, h *hops)
 		sum.hopLedger["chaos-"+side] = [2]int{done, failed}
 	}
 	if h.hk {
-		n := 0
-		h.bodies.Range(func(_, v any) bool {
-			m := 0
-			v.(*sync.Map).Range(func(_, _ any) bool { m++; return true })
-			if m > 1 {
-				n++
-			}
-			return true
-		})
+		n := h.load.countMismatched()
 		sum.hopHTTPMismatched = n
-		if f := h.httpFailed.Load(); f > 0 {
+		if f := h.load.failed.Load(); f > 0 {
 			sum.problem("%s: %d requests never got a 2xx", pipeHK, f)
 		}
 		if n > 0 {
 			sum.problem("%s: %d keys got differing responses", pipeHK, n)
 		}
 	}
+}
+
+// verdictPipe checks B's effects of one pipeline: one per unique source
+// ID, with one message ID, and every message on the hop from one run of A.
+func verdictPipe(ctx context.Context, sum *summary, pool *pgxpool.Pool, h *hops, pipe string) {
+	prefix := "x-"
+	if pipe == pipeHK {
+		prefix = "y-"
+	}
+	rows, err := pool.Query(ctx, `SELECT event_id, count(*), count(DISTINCT msg_id) FROM effects WHERE transport = $1 GROUP BY event_id`, pipe)
+	if err != nil {
+		sum.problem("%s verdict: %v", pipe, err)
+		return
+	}
+	seen := map[string]bool{}
+	var doubled, multiMsg, stray []string
+	err = func() error {
+		defer rows.Close()
+		for rows.Next() {
+			var id string
+			var n, msgs int
+			if err := rows.Scan(&id, &n, &msgs); err != nil {
+				return err
+			}
+			seen[id] = true
+			if n > 1 {
+				doubled = append(doubled, id)
+			}
+			if msgs > 1 {
+				multiMsg = append(multiMsg, id)
+			}
+			if i, err := strconv.Atoi(strings.TrimPrefix(id, prefix)); err != nil || !strings.HasPrefix(id, prefix) || i >= sum.unique[pipe] {
+				stray = append(stray, id)
+			}
+		}
+		return rows.Err()
+	}()
+	if err != nil {
+		sum.problem("%s verdict: %v", pipe, err)
+		return
+	}
+	var lost []string
+	for i := 0; i < sum.unique[pipe]; i++ {
+		if id := prefix + strconv.Itoa(i); !seen[id] {
+			lost = append(lost, id)
+		}
+	}
+	sum.hopLost[pipe], sum.hopDoubled[pipe] = len(lost), len(doubled)
+	report := func(what string, ids []string) {
+		if len(ids) > 0 {
+			sum.problem("%s: %d × %s at B, e.g. %s", pipe, len(ids), what, strings.Join(ids[:min(5, len(ids))], " "))
+		}
+	}
+	var leaked []string
+	for src, runs := range h.runs[pipe] {
+		if len(runs) > 1 {
+			leaked = append(leaked, src)
+		}
+	}
+	sort.Strings(leaked)
+	sum.hopLeaked[pipe] = len(leaked)
+	report("source event's messages came from more than one run of A (a rolled-back run's message was published)", leaked)
+	report("source event lost", lost)
+	report("source event doubled", doubled)
+	report("source event reached B as more than one message ID", multiMsg)
+	report("effect of an event never produced", stray)
 }

@@ -49,19 +49,50 @@
 //   - operator actions (-releases, -janitor): permanent failures are
 //     "repaired", their keys released with Ledger.Release and the events
 //     resent, so each must then run exactly once; and the janitor purges
-//     short-lived rows of another scope during the run.
+//     short-lived rows of another scope during the run;
+//   - failovers, each on a service with a standby the run starts itself
+//     (harness/testsvc), off unless asked for. Postgres failovers
+//     (-pg-failovers): the run's database is a primary with a synchronous
+//     streaming standby, which every process reaches through a multi-host
+//     connection string with target_session_attrs=read-write (through the
+//     fault proxy, one proxy per node); the primary is SIGKILLed, the standby
+//     promoted and the dead node rebuilt as the new standby; -pg-crashes then
+//     SIGKILL the primary and restart it in place;
+//   - Redis Sentinel failovers (-redis-failovers): the ledgers' Redis is a
+//     master, a replica and three sentinels, reached through the Sentinel
+//     failover client (and the fault proxy, one proxy per data node); the
+//     master is SIGKILLed, the sentinels promote the replica, and the dead
+//     node comes back as its replica; -redis-outages then kill the master and
+//     restart it at once;
+//   - NATS leader kills (-nats-leader-kills): NATS is a three-node JetStream
+//     cluster embedded in this process, every stream with Replicas 3; the
+//     node leading the stream is killed, a new leader elected, and the node
+//     restarted on its file store; -nats-restarts then restart a node that
+//     leads nothing;
+//   - more fronts (-transports): franz (a franzinbox consumer group on a
+//     topic of its own) and grpc (the gRPC bridge in child processes,
+//     clients retrying with grpcretry and a key per call, -grpc-keys).
 //
 // The verdict: every event that must run has exactly one effect and a done
 // ledger row (0 lost, 0 doubled), every permanent hostile event that was
 // not released has no effect, a failed ledger row and a dead letter, every
-// HTTP key ran once and all its clients got the same response, every
-// source event of a two-hop pipeline has exactly one effect at B (and the
-// hop carries no message of a rolled-back run of A; the outbox is empty at
-// the end), and every fault asked for was injected. It prints a summary with the count of each
-// fault and exits 1 on any violation.
+// HTTP and gRPC key ran once and all its clients got the same response,
+// every source event of a two-hop pipeline has exactly one effect at B
+// (and the hop carries no message of a rolled-back run of A; the outbox is
+// empty at the end), and every fault asked for was injected. It prints a
+// summary with the count of each fault and exits 1 on any violation.
 //
-//	go run ./internal/chaos     # the full run: 100,000 Kafka + 100,000 NATS events, two-hop pipelines
-//	make chaos-short            # the shorter run CI does
+// With -soak DURATION the run is a soak instead (make soak): steady load on
+// every front for DURATION, one fault of a random kind every minute, the
+// processes' heap, goroutines, connections, file descriptors and log lines
+// and Postgres's WAL and table sizes sampled throughout, a report every
+// minute and a Markdown report at the end; it fails on a leak, a log storm
+// or any event lost or doubled (see soak.go).
+//
+//	go run ./harness/chaos     # the full run: 100,000 Kafka + 100,000 NATS events, two-hop pipelines
+//	make chaos-short           # the shorter run CI does
+//	make chaos-failover        # the failovers, at the size CI runs
+//	make soak                  # an hour of steady load and a fault a minute (SOAK_DURATION=10m)
 //
 // Services come from the environment or .services.env (make services-up):
 // JUSTONCE_TEST_POSTGRES_URL, JUSTONCE_TEST_KAFKA_BROKERS. Postgres and
@@ -70,13 +101,17 @@
 // /tmp/justonce-services) and restarts them with the script, which reads
 // the same JUSTONCE_* variables; they are running and healthy at the end.
 // Redis is a private redis-server it starts and stops; NATS is a real
-// nats-server embedded in this process.
+// nats-server embedded in this process. The run is split in stages:
+// setup (setup.go), the fronts and their producers (fronts.go, grpc.go,
+// hop.go), the fault schedule and one type per fault kind (fault.go,
+// schedule.go), and the verdict (verdict.go); the workers are worker.go.
 package main
 
 import (
 	"context"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"os/signal"
@@ -85,47 +120,91 @@ import (
 )
 
 type options struct {
-	events         int           // unique events per transport
-	dupPct         int           // duplicates, percent of all events produced
-	workers        int           // consumer processes per transport
-	kills          int           // SIGKILLs at least, over both transports
-	httpKeys       int           // distinct HTTP keys
-	httpClients    int           // concurrent clients per HTTP key
-	redisOutages   int           // Redis stop/start cycles
-	pgTerminates   int           // pg_terminate_backend rounds
-	pgCrashes      int           // Postgres SIGKILL + restart
-	kafkaCrashes   int           // Kafka SIGKILL + restart
-	natsRestarts   int           // NATS server restarts
-	natsSyncAlways bool          // JetStream sync_always
-	netFaults      int           // network fault episodes
-	hostileEvery   int           // every n-th event is hostile
-	releases       int           // operator release rounds
-	janitor        bool          // run the janitor
-	timeout        time.Duration // give up after
-	transports     string        // kafka,nats,http
-	batch          int           // consumer batch size (0: per event)
-	killEvery      time.Duration
-	layout         string        // ledger layout: plain or buckets
-	bucketWidth    time.Duration // time buckets: how often each shard moves to a new bucket
-	twoHop         int           // unique source events of the kafka>nats pipeline (0: off)
-	twoHopHTTPKeys int           // Idempotency-Keys of the http>kafka pipeline (0: off)
-	hopWorkers     int           // processes per pipeline role (A and B of each pipeline)
-	relays         int           // outbox relay processes
-	relayKills     int           // SIGKILLs of relay processes at least
-	kafkaPub       string        // the relays' Kafka publisher: kafka-go or franz-go
+	events          int           // unique events per transport
+	dupPct          int           // duplicates, percent of all events produced
+	workers         int           // consumer processes per transport
+	kills           int           // SIGKILLs at least, over both transports
+	httpKeys        int           // distinct HTTP keys
+	httpClients     int           // concurrent clients per HTTP key
+	grpcKeys        int           // distinct gRPC keys
+	redisOutages    int           // Redis stop/start cycles
+	pgTerminates    int           // pg_terminate_backend rounds
+	pgCrashes       int           // Postgres SIGKILL + restart
+	kafkaCrashes    int           // Kafka SIGKILL + restart
+	natsRestarts    int           // NATS server restarts
+	natsSyncAlways  bool          // JetStream sync_always
+	netFaults       int           // network fault episodes
+	hostileEvery    int           // every n-th event is hostile
+	releases        int           // operator release rounds
+	janitor         bool          // run the janitor
+	timeout         time.Duration // give up after
+	transports      string        // kafka,nats,http (and franz, grpc)
+	batch           int           // consumer batch size (0: per event)
+	killEvery       time.Duration
+	layout          string        // ledger layout: plain or buckets
+	bucketWidth     time.Duration // time buckets: how often each shard moves to a new bucket
+	twoHop          int           // unique source events of the kafka>nats pipeline (0: off)
+	twoHopHTTPKeys  int           // Idempotency-Keys of the http>kafka pipeline (0: off)
+	hopWorkers      int           // processes per pipeline role (A and B of each pipeline)
+	relays          int           // outbox relay processes
+	relayKills      int           // SIGKILLs of relay processes at least
+	kafkaPub        string        // the relays' Kafka publisher: kafka-go or franz-go
+	pgFailovers     int           // Postgres primary SIGKILLed, synchronous standby promoted (0: a single Postgres)
+	redisFailovers  int           // Redis master SIGKILLed, Sentinel promotes the replica (0: a single Redis)
+	natsLeaderKills int           // the JetStream stream leader's node killed (0: a single NATS server)
+	soak            soakOptions   // -soak: a soak run instead (soak.go)
+}
+
+// ha reports whether the run uses a service with a standby for name:
+// postgres, redis or nats.
+func (o *options) ha(name string) bool {
+	switch name {
+	case "postgres":
+		return o.pgFailovers > 0
+	case "redis":
+		return o.redisFailovers > 0
+	case "nats":
+		return o.natsLeaderKills > 0
+	}
+	return false
 }
 
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
 		os.Exit(worker(os.Args[2:]))
 	}
+	o := parseFlags()
+	if err := o.check(); err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(2)
+	}
+	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer cancel()
+	if o.soak.duration > 0 {
+		os.Exit(soak(ctx, o))
+	}
+	ctx, cancelT := context.WithTimeout(ctx, o.timeout)
+	defer cancelT()
+	sum, err := run(ctx, o, nil)
+	sum.print(os.Stdout)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "chaos:", err)
+		os.Exit(1)
+	}
+	if sum.violations() > 0 {
+		os.Exit(1)
+	}
+}
+
+func parseFlags() options {
 	var o options
 	flag.IntVar(&o.events, "events", 100_000, "unique events per transport")
 	flag.IntVar(&o.dupPct, "dup-pct", 20, "duplicates as a percentage of all events produced")
 	flag.IntVar(&o.workers, "workers", 3, "consumer processes per transport")
 	flag.IntVar(&o.kills, "kills", 20, "SIGKILL at least this many consumer processes")
 	flag.IntVar(&o.httpKeys, "http-keys", 2000, "distinct Idempotency-Keys")
-	flag.IntVar(&o.httpClients, "http-clients", 3, "concurrent clients per key")
+	flag.IntVar(&o.httpClients, "http-clients", 3, "concurrent clients per key (HTTP and gRPC)")
+	flag.IntVar(&o.grpcKeys, "grpc-keys", 2000, "distinct gRPC idempotency keys (with grpc in -transports)")
 	flag.IntVar(&o.redisOutages, "redis-outages", 3, "stop and start Redis this many times")
 	flag.IntVar(&o.pgTerminates, "pg-terminates", 5, "terminate the workers' Postgres connections this many times")
 	flag.IntVar(&o.pgCrashes, "pg-crashes", 3, "SIGKILL the Postgres postmaster and restart it this many times")
@@ -137,7 +216,7 @@ func main() {
 	flag.IntVar(&o.releases, "releases", 4, "operator rounds releasing and resending failed keys")
 	flag.BoolVar(&o.janitor, "janitor", true, "run the janitor on short-lived rows during the run")
 	flag.DurationVar(&o.timeout, "timeout", 40*time.Minute, "give up after this long")
-	flag.StringVar(&o.transports, "transports", "kafka,nats,http", "what to run")
+	flag.StringVar(&o.transports, "transports", "kafka,nats,http", "what to run: kafka, nats, http, and also franz (a franzinbox consumer group) and grpc (the gRPC bridge)")
 	flag.IntVar(&o.batch, "batch", 0, "consumer batch size (0: one transaction per event)")
 	flag.DurationVar(&o.killEvery, "kill-every", 700*time.Millisecond, "pause between faults")
 	flag.StringVar(&o.layout, "layout", "plain", "ledger layout: plain or buckets (migrations.LayoutTimeBuckets)")
@@ -148,25 +227,25 @@ func main() {
 	flag.IntVar(&o.relays, "relays", 2, "outbox relay processes (the HTTP pipeline's A processes run one each too)")
 	flag.IntVar(&o.relayKills, "relay-kills", 6, "SIGKILL outbox relay processes at least this many times (on top of -kills)")
 	flag.StringVar(&o.kafkaPub, "kafka-publisher", pubKafkaGo, "the outbox relays' Kafka client: "+pubKafkaGo+" (kafkainbox.NewOutboxPublisher) or "+pubFranzGo+" (franzinbox.NewOutboxPublisher)")
+	flag.IntVar(&o.pgFailovers, "pg-failovers", 0, "run on a Postgres primary with a synchronous streaming standby (started by the run) and fail over this many times: SIGKILL the primary, promote the standby, rebuild the dead node as its standby (0: the single Postgres of services.sh)")
+	flag.IntVar(&o.redisFailovers, "redis-failovers", 0, "run the ledgers' Redis behind Sentinel (a master, a replica, three sentinels, started by the run) and fail over this many times: SIGKILL the master, wait for the sentinels to promote the replica (0: a single Redis)")
+	flag.IntVar(&o.natsLeaderKills, "nats-leader-kills", 0, "run NATS as a three-node JetStream cluster (streams with Replicas 3) and kill the node leading the stream this many times (0: a single NATS server)")
+	o.soak.flags(flag.CommandLine)
 	flag.Parse()
-	if o.kafkaPub != pubKafkaGo && o.kafkaPub != pubFranzGo {
-		fmt.Fprintf(os.Stderr, "chaos: -kafka-publisher %q: want %s or %s\n", o.kafkaPub, pubKafkaGo, pubFranzGo)
-		os.Exit(2)
-	}
+	return o
+}
 
-	ctx, cancel := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	defer cancel()
-	ctx, cancelT := context.WithTimeout(ctx, o.timeout)
-	defer cancelT()
-	sum, err := run(ctx, o)
-	sum.print(os.Stdout)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "chaos:", err)
-		os.Exit(1)
+// check refuses options that cannot run together.
+func (o *options) check() error {
+	if o.kafkaPub != pubKafkaGo && o.kafkaPub != pubFranzGo {
+		return fmt.Errorf("-kafka-publisher %q: want %s or %s", o.kafkaPub, pubKafkaGo, pubFranzGo)
 	}
-	if sum.violations() > 0 {
-		os.Exit(1)
+	for _, n := range []int{o.pgFailovers, o.redisFailovers, o.natsLeaderKills} {
+		if n < 0 {
+			return fmt.Errorf("a failover count is negative")
+		}
 	}
+	return nil
 }
 
 // self returns a command running this binary in worker mode.
@@ -180,3 +259,7 @@ func self(args ...string) (*exec.Cmd, error) {
 	cmd.Stderr = os.Stderr
 	return cmd, nil
 }
+
+// errOut is where the parent's own log lines go: stderr, or a counting
+// writer in a soak run (log lines per minute are a measure).
+var errOut io.Writer = os.Stderr

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"sort"
@@ -54,6 +55,8 @@ type lineWriter struct {
 	started time.Time
 	restart bool
 	seen    bool
+	stats   *procStats // a soak run's: "@stats" and "@lat" lines, log lines (nil: a chaos run)
+	log     io.Writer  // where the other lines go
 }
 
 func (w *lineWriter) Write(p []byte) (int, error) {
@@ -65,9 +68,12 @@ func (w *lineWriter) Write(p []byte) (int, error) {
 		}
 		line := string(w.buf[:i])
 		w.buf = w.buf[i+1:]
+		if w.stats != nil && w.stats.parse(line) {
+			continue
+		}
 		ev, ok := strings.CutPrefix(line, "@ev ")
 		if !ok {
-			fmt.Fprintln(os.Stderr, line)
+			fmt.Fprintln(w.log, line)
 			continue
 		}
 		w.obs.add(ev)
@@ -90,6 +96,7 @@ type slot struct {
 	killed          bool
 	stopping        bool
 	done            chan struct{}
+	stats           *procStats // a soak run's measures of the process (nil: a chaos run)
 }
 
 func (s *slot) supervise(obs *observations) {
@@ -97,10 +104,15 @@ func (s *slot) supervise(obs *observations) {
 	for n := 0; ; n++ {
 		cmd, err := self(append(s.args, "-name", s.name)...)
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "chaos: worker:", err)
+			fmt.Fprintln(errOut, "chaos: worker:", err)
 			return
 		}
-		cmd.Stdout = &lineWriter{obs: obs, started: time.Now(), restart: n > 0}
+		lw := &lineWriter{obs: obs, started: time.Now(), restart: n > 0, log: os.Stderr, stats: s.stats}
+		if s.stats != nil {
+			lw.log = s.stats.logWriter()
+			cmd.Stderr = lw.log
+		}
+		cmd.Stdout = lw
 		if n > 0 {
 			obs.mu.Lock()
 			obs.restarted++
@@ -114,10 +126,11 @@ func (s *slot) supervise(obs *observations) {
 		err = cmd.Start()
 		if err == nil {
 			s.cmd, s.killed = cmd, false
+			s.stats.started(cmd.Process.Pid)
 		}
 		s.mu.Unlock()
 		if err != nil {
-			fmt.Fprintln(os.Stderr, "chaos: start worker:", err)
+			fmt.Fprintln(errOut, "chaos: start worker:", err)
 			time.Sleep(200 * time.Millisecond)
 			continue
 		}

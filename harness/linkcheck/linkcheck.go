@@ -1,6 +1,8 @@
 // Package linkcheck tells what a package links, so that a client package
 // (httpretry, grpcretry, backoff) has a test that fails the day it links a
-// database driver or the ledger, which a client program must not carry.
+// database driver or the ledger, which a client program must not carry,
+// and the conformance suite one that fails the day it links this module's
+// test machinery.
 package linkcheck
 
 import (
@@ -14,10 +16,10 @@ import (
 // Postgres and Redis drivers, and the ledger that brings them.
 var forbidden = []string{"pgx", "pgconn", "lib/pq", "redis", "github.com/justonce/justonce/inbox"}
 
-// Drivers returns the packages that the package in dir links (its non-test
-// dependencies, as `go list -deps` reports them) and that are database
-// drivers or the ledger.
-func Drivers(dir string) ([]string, error) {
+// Deps returns the import paths of the packages that the package in dir
+// links: its non-test dependencies, itself included, as `go list -deps`
+// reports them.
+func Deps(dir string) ([]string, error) {
 	goCmd, err := exec.LookPath("go") // go test puts its own go first in PATH
 	if err != nil {
 		return nil, fmt.Errorf("linkcheck: no go command: %w", err)
@@ -32,8 +34,18 @@ func Drivers(dir string) ([]string, error) {
 		}
 		return nil, fmt.Errorf("linkcheck: go list -deps in %s: %w: %s", dir, err, stderr)
 	}
+	return strings.Fields(string(out)), nil
+}
+
+// Drivers returns the packages that the package in dir links (Deps) and
+// that are database drivers or the ledger.
+func Drivers(dir string) ([]string, error) {
+	deps, err := Deps(dir)
+	if err != nil {
+		return nil, err
+	}
 	var bad []string
-	for _, p := range strings.Fields(string(out)) {
+	for _, p := range deps {
 		for _, f := range forbidden {
 			if strings.Contains(p, f) {
 				bad = append(bad, p)

@@ -1,16 +1,12 @@
 package outboxtest
 
 import (
-	"bytes"
 	"context"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
-	"os/signal"
 	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
@@ -19,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/justonce/justonce/consumer"
+	"github.com/justonce/justonce/consumer/consumertest/testproc"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
 	"github.com/justonce/justonce/outbox"
@@ -50,10 +47,8 @@ func RelayChild(tg Target) {
 }
 
 func relayProcess(tg Target) error {
-	ctx, cancel := signal.NotifyContext(context.Background(), syscall.SIGTERM)
+	ctx, cancel := testproc.Context(3 * time.Minute)
 	defer cancel()
-	ctx, cancelTimeout := context.WithTimeout(ctx, 3*time.Minute) // never outlive the test
-	defer cancelTimeout()
 	cfg, err := pgxpool.ParseConfig(os.Getenv(envPG))
 	if err != nil {
 		return err
@@ -105,30 +100,17 @@ func KilledRelay(t *testing.T, tg Target) {
 		fx.add(t, msgs...)
 	}
 	app := "relay-" + fx.pg.Schema
-	start := func() (*exec.Cmd, *bytes.Buffer) {
-		cmd := exec.Command(os.Args[0], "-test.run=^$")
-		cmd.Env = append(os.Environ(), envRelay+"="+tg.Name, envPG+"="+fx.pg.URL, envSchema+"="+fx.pg.Schema,
-			envAddr+"="+fx.addr, envApp+"="+app)
-		var out bytes.Buffer
-		cmd.Stdout, cmd.Stderr = &out, &out
-		cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
-		require.NoError(t, cmd.Start())
-		return cmd, &out
+	start := func(round int) *testproc.Proc {
+		return testproc.Start(t, "relay process "+strconv.Itoa(round),
+			[]string{envRelay + "=" + tg.Name, envPG + "=" + fx.pg.URL, envSchema + "=" + fx.pg.Schema, envAddr + "=" + fx.addr, envApp + "=" + app},
+			testproc.RunNone)
 	}
-	var logs []string
-	t.Cleanup(func() {
-		if t.Failed() {
-			for i, l := range logs {
-				t.Logf("relay process %d output:\n%s", i, l)
-			}
-		}
-	})
 
 	inFlight := map[string]bool{} // published and not deleted when a relay died
 	const kills = 3
 	for round := range kills {
 		before := fx.pending(t)
-		cmd, out := start()
+		p := start(round)
 		target := before - 300
 		testsvc.Eventually(t, 90*time.Second, func() bool { return fx.pending(t) <= target }, "round %d: progress", round)
 		// Hold the relay's next deletions: lock every pending row. Its
@@ -140,10 +122,8 @@ func KilledRelay(t *testing.T, tg Target) {
 		testsvc.Eventually(t, 60*time.Second, func() bool {
 			return fx.pg.Count(t, `SELECT count(*) FROM pg_stat_activity WHERE application_name = $1 AND wait_event_type = 'Lock'`, app) >= 1
 		}, "round %d: a batch published and waiting to be deleted", round)
-		require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
-		_ = cmd.Wait()
+		p.Kill(t)
 		require.NoError(t, lockTx.Rollback(context.Background()))
-		logs = append(logs, out.String())
 
 		// What the broker has that the outbox still holds: the killed
 		// batches.
@@ -165,10 +145,9 @@ func KilledRelay(t *testing.T, tg Target) {
 		require.Positive(t, n, "round %d: the killed relay had a batch in flight", round)
 		t.Logf("round %d: killed with %d messages published and not deleted, %d pending", round, n, fx.pending(t))
 	}
-	cmd, out := start()
+	p := start(kills)
 	fx.waitDrained(t, 120*time.Second)
-	require.NoError(t, cmd.Process.Signal(syscall.SIGTERM))
-	require.NoError(t, cmd.Wait(), "graceful stop: %s", out)
+	require.NoError(t, p.Stop(time.Minute), "graceful stop")
 
 	// The broker: every message at least once; the repeats are the killed
 	// batches'; per key, first deliveries in order.

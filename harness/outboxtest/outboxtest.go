@@ -17,6 +17,9 @@
 //     ack and its commit, three times: the killed batches are the only
 //     repeats, none is lost, each key's first deliveries are in order, and
 //     a consumer downstream answers the repeats as duplicates.
+//   - Partitions (Kafka): messages that name their partition land there,
+//     the others on their key's partition; a partition the topic does not
+//     have is refused for good.
 //   - LinksNone: the package under test links none of the named modules.
 package outboxtest
 

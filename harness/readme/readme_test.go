@@ -38,6 +38,8 @@ import (
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/justonce/justonce/harness/benchresults"
 )
 
 // root is the repository root, two folders up.
@@ -241,4 +243,31 @@ func diffKnown(fails []failure, known []string) (unexpected []failure, stale, tw
 		}
 	}
 	return unexpected, stale, twice
+}
+
+// TestIncludedResultsAreUpToDate: a document that includes a results file
+// (between <!-- include: … --> and <!-- end include -->) holds that file's
+// text as it is now, so that the figures a page shows are the run's.
+func TestIncludedResultsAreUpToDate(t *testing.T) {
+	blocks := 0
+	for _, rel := range docFiles(t) {
+		p := filepath.Join(root, filepath.FromSlash(rel))
+		doc, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		inc, err := benchresults.Includes(p, doc)
+		if err != nil {
+			t.Error(err)
+			continue
+		}
+		for _, in := range inc {
+			blocks++
+			if string(in.Have) != string(in.Want) {
+				t.Errorf("%s: the included %s is not the file as it is now: run `go run ./harness/benchresults/cmd/benchresults include %s`",
+					rel, in.Path, rel)
+			}
+		}
+	}
+	t.Logf("%d include blocks checked", blocks)
 }

@@ -36,6 +36,8 @@ type PGReplicaSetConfig struct {
 	// Bin is the directory of the Postgres server binaries. Default:
 	// JUSTONCE_PG_BIN, else the highest /usr/lib/postgresql/*/bin.
 	Bin string
+	// MaxConnections is each node's max_connections. Default 60.
+	MaxConnections int
 }
 
 // PGReplicaSet is a Postgres primary and a streaming standby of the
@@ -111,6 +113,9 @@ func StartPostgresReplicaSet(t testing.TB, cfg PGReplicaSetConfig) *PGReplicaSet
 	}
 	if cfg.Bin == "" {
 		cfg.Bin = PGBin()
+	}
+	if cfg.MaxConnections == 0 {
+		cfg.MaxConnections = 60
 	}
 	if cfg.Bin == "" {
 		t.Fatalf("testsvc: no Postgres server binaries under /usr/lib/postgresql/*/bin (apt-get install postgresql) and JUSTONCE_PG_BIN unset")
@@ -191,7 +196,7 @@ func (rs *PGReplicaSet) writeConf(n *pgNode, primaryConnInfo, syncNames string) 
 listen_addresses = '127.0.0.1'
 port = %d
 unix_socket_directories = ''
-max_connections = 60
+max_connections = %d
 shared_buffers = 32MB
 fsync = off
 wal_level = replica
@@ -204,7 +209,7 @@ synchronous_commit = '%s'
 synchronous_standby_names = '%s'
 logging_collector = off
 log_line_prefix = '%%m [%%p] '
-`, n.port, rs.cfg.SyncCommit, syncNames)
+`, n.port, rs.cfg.MaxConnections, rs.cfg.SyncCommit, syncNames)
 	if primaryConnInfo != "" {
 		conf += "primary_conninfo = '" + primaryConnInfo + "'\n"
 	}
@@ -401,6 +406,29 @@ func (rs *PGReplicaSet) KillPrimary() int {
 	}
 	rs.kill(n)
 	return p
+}
+
+// RestartPrimary starts the primary KillPrimary killed again, in place:
+// it recovers from its crash and stays the primary (nothing is promoted),
+// and the standby streams from it again. It returns once the primary
+// accepts writes and, with Synchronous, waits for the standby at each
+// commit again.
+func (rs *PGReplicaSet) RestartPrimary() {
+	rs.t.Helper()
+	p := rs.nodes[rs.Primary()]
+	s := rs.nodes[1-p.index]
+	if p.running() {
+		rs.t.Fatalf("testsvc: primary node %d runs: kill it before restarting it", p.index)
+	}
+	rs.start(p)
+	rs.waitRole(p, false)
+	if s.running() && s.link != nil {
+		want := "async"
+		if rs.cfg.Synchronous {
+			want = "sync"
+		}
+		rs.waitStandby(p, s, want)
+	}
 }
 
 // Promote promotes the standby (pg_promote) and waits until it accepts

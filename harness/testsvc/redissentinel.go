@@ -252,6 +252,66 @@ func (s *RedisSentinel) WaitFailover(old int, within time.Duration) {
 	s.waitSentinels(s.data[1-old].port, 0, within)
 }
 
+// WaitSettled waits until every sentinel names the same master, which
+// says it is one and has a replica whose link to it is up (so that a
+// failover has a node to promote), and returns the master's index.
+func (s *RedisSentinel) WaitSettled(within time.Duration) int {
+	s.t.Helper()
+	end := time.Now().Add(within)
+	for {
+		m := s.Master()
+		last := "no sentinel names a master"
+		if m >= 0 {
+			last = s.settled(m)
+			if last == "" {
+				return m
+			}
+		}
+		if time.Now().After(end) {
+			s.t.Fatalf("testsvc: sentinels not settled on a master with a replica within %s (master: node %d): %s", within, m, last)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// settled returns why the sentinels are not settled on data node m as
+// the master of the other, or "".
+func (s *RedisSentinel) settled(m int) string {
+	if !s.running(1 - m) {
+		return fmt.Sprintf("node %d is down", 1-m)
+	}
+	for _, p := range s.sent {
+		if ok, why := s.sentinelSees(p, s.data[m].port, 1); !ok {
+			return why
+		}
+	}
+	if r := s.role(s.data[m].port); r != "master" {
+		return fmt.Sprintf("node %d says it is %q", m, r)
+	}
+	if !s.linkUp(1 - m) {
+		return fmt.Sprintf("node %d's replication link to node %d is not up", 1-m, m)
+	}
+	return ""
+}
+
+// running reports whether data node i's process runs.
+func (s *RedisSentinel) running(i int) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.data[i].cmd != nil
+}
+
+// linkUp reports whether data node i is a replica whose link to its
+// master is up.
+func (s *RedisSentinel) linkUp(i int) bool {
+	c := s.client(s.data[i].port)
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "replication").Result()
+	return err == nil && infoField(info, "role") == "slave" && infoField(info, "master_link_status") == "up"
+}
+
 // Restart starts data node i again (it comes back empty); the sentinels
 // make it a replica of the master.
 func (s *RedisSentinel) Restart(i int) {
@@ -261,6 +321,33 @@ func (s *RedisSentinel) Restart(i int) {
 		s.t.Fatalf("testsvc: redis node %d runs", i)
 	}
 	s.start(p)
+}
+
+// RestartInPlace starts data node i again (it comes back empty) with the
+// role its configuration file last recorded, not the one it was first
+// started with: the sentinels rewrite a node's file when they promote or
+// reconfigure it, so a master killed and restarted at once, before the
+// sentinels' down-after, is the master again, and a replica a replica.
+// (Restart starts the first replica as a replica of the first master
+// again, whatever happened since.)
+func (s *RedisSentinel) RestartInPlace(i int) {
+	s.t.Helper()
+	p := s.data[i]
+	if s.running(i) {
+		s.t.Fatalf("testsvc: redis node %d runs", i)
+	}
+	q := &redisProc{port: p.port}
+	for j := 0; j < len(p.args); j++ {
+		if p.args[j] == "--replicaof" {
+			j += 2
+			continue
+		}
+		q.args = append(q.args, p.args[j])
+	}
+	s.start(q)
+	s.mu.Lock()
+	p.cmd, p.exited = q.cmd, q.exited
+	s.mu.Unlock()
 }
 
 // waitSentinels waits until every sentinel names the node on masterPort

@@ -16,6 +16,11 @@
 //
 // When none is there the test fails with a message saying how to start one.
 // Nothing is ever skipped.
+//
+// A program, not a test, starts the services that take a testing.TB (a
+// replica set, Sentinel, a NATS cluster: the chaos and soak runs of
+// harness/chaos do) with a Program, whose Fatal is a panic that Catch
+// turns into an error.
 package testsvc
 
 import (

@@ -1,15 +1,18 @@
 package bridgereq
 
 import (
+	"bytes"
 	"context"
 	"errors"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/internal/fingerprint"
 )
 
 func ledger(t *testing.T) *inbox.Ledger {
@@ -146,5 +149,100 @@ func TestContext(t *testing.T) {
 	}
 	if tok, ok := FencingToken(ctx); !ok || tok != 7 {
 		t.Fatal("FencingToken lost")
+	}
+}
+
+func TestExpiry(t *testing.T) {
+	now := time.Date(2026, 5, 1, 12, 0, 0, 0, time.UTC)
+	at := now.Add(3 * time.Hour)
+	for name, c := range map[string]struct {
+		out  inbox.Outcome
+		want time.Time
+		ok   bool
+	}{
+		"with its row":        {inbox.Outcome{Disposition: inbox.Duplicate, Record: &inbox.Record{ExpiresAt: at}}, at, true},
+		"in flight, no row":   {inbox.Outcome{Disposition: inbox.InFlight}, now.Add(24*time.Hour - time.Minute), true},
+		"in flight, its row":  {inbox.Outcome{Disposition: inbox.InFlight, Record: &inbox.Record{ExpiresAt: at}}, at, true},
+		"nothing about a key": {inbox.Outcome{}, time.Time{}, false},
+	} {
+		got, ok := Expiry(c.out, now, 24*time.Hour, time.Minute)
+		if ok != c.ok || !got.Equal(c.want) {
+			t.Errorf("%s: Expiry = %s, %v; want %s, %v", name, got, ok, c.want, c.ok)
+		}
+	}
+}
+
+func TestPlainRetry(t *testing.T) {
+	var m fingerprint.Members
+	m.Add("method", []byte("POST"))
+	plain := append([]byte{fingerprint.PlainVersion}, make([]byte, 32)...)
+	plain[5] = 7
+	detailed := fingerprint.Detailed(plain, &m)
+	other := bytes.Clone(plain)
+	other[6] = 1
+	mismatch := func(stored []byte) inbox.Outcome {
+		return inbox.Outcome{Disposition: inbox.Mismatch, Record: &inbox.Record{Fingerprint: stored}}
+	}
+	req := inbox.Request{Fingerprint: detailed}
+	if !PlainRetry(mismatch(plain), &req) || !bytes.Equal(req.Fingerprint, plain) {
+		t.Fatal("a stored plain fingerprint of the same request: ask again with the plain form")
+	}
+	for name, c := range map[string]inbox.Outcome{
+		"another request":       mismatch(other),
+		"a detailed one":        mismatch(fingerprint.Detailed(other, &m)),
+		"not a mismatch":        {Disposition: inbox.Duplicate, Record: &inbox.Record{Fingerprint: plain}},
+		"no row":                {Disposition: inbox.Mismatch},
+		"no stored fingerprint": mismatch(nil),
+	} {
+		req := inbox.Request{Fingerprint: detailed}
+		if PlainRetry(c, &req) || !bytes.Equal(req.Fingerprint, detailed) {
+			t.Errorf("%s: asked again", name)
+		}
+	}
+}
+
+func TestWould(t *testing.T) {
+	rec := func(src inbox.Source, st inbox.Status) *inbox.Record { return &inbox.Record{Source: src, Status: st} }
+	for want, out := range map[string]inbox.Outcome{
+		WouldConflict: {Disposition: inbox.InFlight},
+		WouldMismatch: {Disposition: inbox.Mismatch, Record: rec("http", inbox.StatusDone)},
+		WouldReplay:   {Disposition: inbox.Duplicate, Record: rec("http", inbox.StatusFailed)},
+		"other front": {Disposition: inbox.Mismatch, Record: rec("kafka", inbox.StatusDone)},
+		"other, busy": {Disposition: inbox.Mismatch, Record: rec("kafka", inbox.StatusProcessing)},
+	} {
+		got := Would(out, "http")
+		switch want {
+		case "other front":
+			want = WouldReplay
+		case "other, busy":
+			want = WouldConflict
+		}
+		if got != want {
+			t.Errorf("Would(%+v) = %s, want %s", out, got, want)
+		}
+	}
+}
+
+func TestClient(t *testing.T) {
+	if got := Client("10.0.0.1:5", "curl/8"); len(got) != 4 || got[1] != "10.0.0.1:5" || got[3] != "curl/8" {
+		t.Fatal(got)
+	}
+	if got := Client("", ""); len(got) != 0 {
+		t.Fatal(got)
+	}
+}
+
+func TestObserveScope(t *testing.T) {
+	l := ledger(t)
+	s := Spec{Scope: "orders", Observe: true}
+	r, err := s.Request(l, "k", []byte("0123456789abcdef"), "", "")
+	if err != nil || r.Scope != "orders"+ObserveSuffix {
+		t.Fatalf("observe scope %q, %v", r.Scope, err)
+	}
+	if err := (Spec{Scope: strings.Repeat("s", 250), Observe: true}).Validate(); err == nil {
+		t.Fatal("a scope too long for its observe suffix")
+	}
+	if err := (Spec{Scope: "s", KeyRate: &inbox.KeyRate{}}).Validate(); !errors.Is(err, inbox.ErrConfig) {
+		t.Fatalf("a KeyRate without Limit: %v", err)
 	}
 }

@@ -8,6 +8,12 @@
 //
 // The framing (a version byte, then SHA-256 over length-prefixed fields)
 // is Builder's, which the gRPC bridge uses for its own fingerprints too.
+//
+// The bridges store detailed fingerprints (RequestDetailed, Detailed):
+// the same SHA-256, followed by short digests of the request's named parts
+// (JSON members, form fields, query parameters, headers), so that a
+// mismatch can say which parts differ without storing their values
+// (Differences).
 package fingerprint
 
 import (
@@ -17,10 +23,11 @@ import (
 	"strings"
 )
 
-// Version is the first byte of every fingerprint. Change it (and
-// the hashed layout) together; rows stored under another version then
-// answer as a mismatch rather than as a false match.
-const Version = 1
+// Version is the first byte of every plain fingerprint Request returns.
+// Change it (and the hashed layout) together; rows stored under another
+// version then answer as a mismatch rather than as a false match. Detailed
+// fingerprints (RequestDetailed) begin with DetailVersion.
+const Version = PlainVersion
 
 // Body canonicalization modes, hashed with the body so that a raw body can
 // never equal a canonical one.
@@ -35,8 +42,47 @@ const (
 // path, query (sorted), media type, body mode and body (canonical JSON,
 // sorted form fields, or raw), and each of headers' lower-cased name and
 // values. body is the request's body, already read. The result is 33
-// bytes.
+// bytes: the plain fingerprint (PlainVersion).
 func Request(r *http.Request, body []byte, headers []string) []byte {
+	fp, _, _, _ := request(r, body, headers)
+	return fp
+}
+
+// RequestDetailed is Request's detailed fingerprint (DetailVersion): its
+// plain part is Request's, and its members are "method", "path",
+// "content-type", "query:<name>" for each query parameter,
+// "header:<Name>" for each of headers, and the body: "body:<JSON
+// pointer>" for a JSON object or array, "form:<name>" for each field of a
+// form, else "body".
+func RequestDetailed(r *http.Request, body []byte, headers []string) []byte {
+	plain, media, mode, canon := request(r, body, headers)
+	var m Members
+	m.Add("method", []byte(r.Method))
+	m.Add("path", []byte(r.URL.Path))
+	m.Add("content-type", []byte(media))
+	for _, name := range headers {
+		m.AddValues("header:"+http.CanonicalHeaderKey(name), r.Header.Values(name))
+	}
+	if vals, err := url.ParseQuery(r.URL.RawQuery); err != nil {
+		m.Add("query", []byte(r.URL.RawQuery))
+	} else if len(vals) > 0 {
+		m.AddGroup("query", "query:", vals)
+	}
+	switch mode {
+	case modeJSON:
+		m.AddJSON("body", "body:", canon)
+	case modeForm:
+		vals, _ := url.ParseQuery(string(body)) // canonicalForm parsed it
+		m.AddGroup("body", "form:", vals)
+	default:
+		m.Add("body", []byte{mode}, canon)
+	}
+	return Detailed(plain, &m)
+}
+
+// request computes the plain fingerprint, and returns with it the media
+// type and the body's canonical form, which RequestDetailed describes.
+func request(r *http.Request, body []byte, headers []string) (fp []byte, media string, mode byte, canon []byte) {
 	b := NewBuilder(Uvarint, "justonce-http-fp")
 	b.String(r.Method)
 	b.String(r.URL.Path)
@@ -51,15 +97,21 @@ func Request(r *http.Request, body []byte, headers []string) []byte {
 		media = strings.ToLower(strings.TrimSpace(r.Header.Get("Content-Type")))
 	}
 	b.String(media)
-	mode, canon := canonicalBody(media, body)
+	mode, canon = canonicalBody(media, body)
 	b.String(string(rune(mode)))
 	b.Bytes(canon)
 
 	for _, name := range headers {
 		b.Values(strings.ToLower(name), r.Header.Values(name))
 	}
-	return b.Sum(Version)
+	return b.Sum(Version), media, mode, canon
 }
+
+// CanonicalJSON returns the canonical form of a JSON document (see the
+// package documentation), and false for anything that is not exactly one
+// valid JSON value; the gRPC bridge describes a request message through
+// the canonical form of its JSON mapping.
+func CanonicalJSON(b []byte) ([]byte, bool) { return canonicalJSON(b) }
 
 // canonicalBody picks the body's canonical form by media type.
 func canonicalBody(media string, body []byte) (byte, []byte) {

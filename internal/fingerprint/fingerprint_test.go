@@ -100,7 +100,9 @@ func TestFingerprint(t *testing.T) {
 // FuzzCanonicalJSON: canonicalJSON never panics; it accepts exactly the
 // valid JSON that encoding/json accepts (but for lone surrogate escapes and
 // invalid UTF-8, which it refuses on purpose); its output is valid JSON,
-// canonical already (idempotent), and means the same as the input.
+// canonical already (idempotent), and means the same as the input; its
+// members (Members.AddJSON) are within the size limits and do not differ
+// from themselves.
 func FuzzCanonicalJSON(f *testing.F) {
 	for _, s := range []string{
 		`{"b":1,"a":2}`, `[1,2,{"z":null,"y":[true,false]}]`, `"\ud83d\ude00"`, `"\ud800"`,
@@ -131,6 +133,20 @@ func FuzzCanonicalJSON(f *testing.F) {
 		}
 		if !reflect.DeepEqual(decode(t, in), decode(t, out)) {
 			t.Fatalf("meaning changed: %q -> %q", in, out)
+		}
+		// The canonical form's members (what a mismatch names) stay
+		// within bounds, and a document does not differ from itself.
+		var m Members
+		m.AddJSON("body", "body:", out)
+		fp := Detailed(make([]byte, 33), &m)
+		if len(fp)-33 > MaxSectionBytes {
+			t.Fatalf("member section of %d bytes for %q", len(fp)-33, out)
+		}
+		if es, err := members(fp); err == nil && len(es) > MaxMembers {
+			t.Fatalf("%d members for %q", len(es), out)
+		}
+		if diff, err := Differences(fp, fp); err == nil && len(diff) > 0 {
+			t.Fatalf("%q differs from itself: %v", out, diff)
 		}
 	})
 }

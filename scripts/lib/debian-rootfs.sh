@@ -38,6 +38,9 @@ unmount_under() {
   ! awk -v d="$dir/" 'index($2, d) == 1 {found=1} END {exit !found}' /proc/mounts
 }
 
+# shellcheck source=apt.sh
+source "$(dirname "${BASH_SOURCE[0]}")/apt.sh"
+
 # debootstrap_rootfs DIR [PACKAGES]: debootstrap a minbase bookworm into DIR
 # (which must not exist or be empty), with the comma-separated PACKAGES
 # added; installs debootstrap on the host when missing. Leaves nothing
@@ -46,8 +49,7 @@ debootstrap_rootfs() {
   local root=$1 include=${2:-} m
   if ! command -v debootstrap >/dev/null; then
     log "installing debootstrap"
-    apt-get update -qq </dev/null
-    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap </dev/null >/dev/null
+    apt_install debootstrap || die "could not install debootstrap"
   fi
   m=$(debian_mirror)
   log "debootstrap bookworm (minbase${include:+ + $include}) from $m into $root (about 2 minutes)"

@@ -119,10 +119,16 @@ func (c *Consumer) clientOptions(s *session) []kgo.Opt {
 // flight finish (up to Config.ShutdownTimeout; fetched messages not yet
 // started are left for redelivery), commits the offsets of what is done,
 // and leaves the group. It returns nil after such a stop; an error only
-// when the client cannot be configured. A second call returns
+// when the client cannot be configured, or when a topic outlives the
+// ledger under consumer.HorizonRefuse (a *consumer.HorizonError, before
+// the group is joined; see consumer.Config.Horizon). A second call returns
 // consumer.ErrRunOnce.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.Started(); err != nil {
+		return err
+	}
+	// Before the group client exists: a refusal consumes nothing.
+	if err := c.checkHorizon(ctx); err != nil {
 		return err
 	}
 	s := c.newSession(ctx)

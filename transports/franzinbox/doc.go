@@ -17,7 +17,13 @@
 //
 // Keep the ledger's retention (Processor.TTL, or the ledger's default)
 // longer than anything Kafka may redeliver: the topic's retention when you
-// may rewind the group or replay the topic.
+// may rewind the group or replay the topic. Run checks it at start
+// (consumer.Config.Horizon): it reads the topic's retention.ms, segment.ms,
+// retention.bytes and cleanup.policy and the group's lag, warns when a
+// record may be delivered after the ledger forgot its ID (a record stays
+// up to retention.ms + segment.ms; a compacted topic, or retention.ms -1,
+// keeps records forever), and with consumer.HorizonRefuse returns a
+// *consumer.HorizonError instead of joining the group.
 //
 // Guarantees:
 //   - Read committed: the client fetches with read-committed isolation, so

@@ -96,6 +96,19 @@ func publish(t testing.TB, brokers []string, topic string, recs ...*kgo.Record) 
 	cl.Close()
 }
 
+// publishTo writes recs, in order, to one partition of topic.
+func publishTo(t testing.TB, brokers []string, topic string, partition int32, recs ...*kgo.Record) {
+	t.Helper()
+	cl := producer(t, brokers, kgo.RecordPartitioner(kgo.ManualPartitioner()))
+	for _, r := range recs {
+		r.Topic, r.Partition = topic, partition
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	require.NoError(t, cl.ProduceSync(ctx, recs...).FirstErr())
+	cl.Close()
+}
+
 // events returns records with IDs prefix-from .. prefix-(to-1), spread over
 // keys.
 func events(prefix string, from, to, keys int) []*kgo.Record {

@@ -20,7 +20,10 @@ import (
 // its Key, the message ID in the header ce_id (outbox.KafkaIDHeader), then
 // its headers. Messages of one key land on one partition as with the Java
 // client and kafka-go's relay publisher, under franz-go's default
-// partitioner.
+// partitioner. A message that names its partition (outbox.Message.Partition)
+// goes there when cl was made with kgo.RecordPartitioner(OutboxPartitioner(nil))
+// (or OutboxPartitioner of the partitioner cl would otherwise use); with
+// another partitioner such a message is refused for good, with the reason.
 //
 // The publisher produces a batch with cl (kgo.Client.ProduceSync: the
 // batch is sent at once, whatever cl's linger) and waits for every
@@ -37,7 +40,8 @@ import (
 // What the broker refuses for good is reported permanent (the relay marks
 // the message failed): a record too large (for the broker, or for cl's
 // kgo.ProducerBatchMaxBytes), an invalid topic or record, a topic cl may
-// not write to, and a topic that does not exist (franz-go gives up after
+// not write to, a partition the topic does not have, a partition named
+// while cl's partitioner ignores it, and a topic that does not exist (franz-go gives up after
 // kgo.UnknownTopicRetries metadata refreshes), once the cluster confirms
 // it. Other errors, and ctx ending before every answer, are failures for
 // the time being. With ctx ended franz-go fails the records it has not
@@ -63,12 +67,14 @@ func NewOutboxPublisher(cl *kgo.Client) (outbox.Publisher, error) {
 	if manual, _ := cl.OptValue(kgo.ManualFlushing).(bool); manual {
 		return nil, bad("the client must flush by itself (no kgo.ManualFlushing)")
 	}
-	return &outboxPublisher{cl: cl}, nil
+	_, named := cl.OptValue(kgo.RecordPartitioner).(*outboxPartitioner)
+	return &outboxPublisher{cl: cl, named: named}, nil
 }
 
 // outboxPublisher is NewOutboxPublisher's publisher.
 type outboxPublisher struct {
-	cl *kgo.Client
+	cl    *kgo.Client
+	named bool // cl's partitioner is an OutboxPartitioner
 }
 
 // Close does nothing: the client stays the caller's.
@@ -77,27 +83,38 @@ func (p *outboxPublisher) Close() error { return nil }
 // Publish produces msgs and waits for their answers; see
 // NewOutboxPublisher.
 func (p *outboxPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
-	answers := make([]kafkapub.Answer, len(msgs))
-	p.produce(ctx, msgs, answers)
-	kafkapub.ConfirmUnknownTopics(ctx, msgs, answers, unknownTopic, p.unknownTopics)
-	return kafkapub.Errors(answers)
+	return kafkapub.Publish(ctx, kafkapub.Client{Send: p.produce, Partitions: p.partitions,
+		UnknownTopic: unknownTopic, UnknownTopics: p.unknownTopics}, msgs)
 }
+
+// errPartitionIgnored refuses a message that names its partition when the
+// client's partitioner would not honour it.
+var errPartitionIgnored = errors.New("the message names its partition, and the client's partitioner ignores it: make the client with kgo.RecordPartitioner(franzinbox.OutboxPartitioner(nil))")
 
 // produce sends msgs (one lane's, in order) and sets each one's answer.
 // The broker refuses a partition's whole batch for one record (too
 // large), and franz-go then fails the partition's other buffered records
 // too: the refused ones are sent again alone to find which.
 func (p *outboxPublisher) produce(ctx context.Context, msgs []outbox.Message, answers []kafkapub.Answer) {
-	recs := make([]*kgo.Record, len(msgs))
+	recs := make([]*kgo.Record, 0, len(msgs))
 	index := make(map[*kgo.Record]int, len(msgs))
 	for i, m := range msgs {
+		if m.Partition != nil && !p.named {
+			answers[i] = kafkapub.Answer{Err: errPartitionIgnored, Permanent: true}
+			continue
+		}
 		hs := make([]kgo.RecordHeader, 0, len(m.Headers)+1)
 		hs = append(hs, kgo.RecordHeader{Key: outbox.KafkaIDHeader, Value: []byte(m.ID)})
 		for _, h := range m.Headers {
 			hs = append(hs, kgo.RecordHeader{Key: h.Key, Value: h.Value})
 		}
-		recs[i] = &kgo.Record{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs}
-		index[recs[i]] = i
+		r := &kgo.Record{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs}
+		if m.Partition != nil {
+			r.Partition = *m.Partition
+			r.Context = context.WithValue(ctx, namedPartition{}, true)
+		}
+		recs = append(recs, r)
+		index[r] = i
 	}
 	// ProduceSync returns once every record has its answer, which for a
 	// record an idempotent producer has sent may come after ctx ends: the
@@ -109,7 +126,7 @@ func (p *outboxPublisher) produce(ctx context.Context, msgs []outbox.Message, an
 	case results = <-done:
 	case <-ctx.Done():
 		err := fmt.Errorf("waiting for the acks: %w", ctx.Err())
-		for i := range answers {
+		for _, i := range index {
 			answers[i] = kafkapub.Answer{Err: err}
 		}
 		return
@@ -144,14 +161,7 @@ func unknownTopic(err error) bool { return errors.Is(err, kerr.UnknownTopicOrPar
 // unknownTopics returns the topics the cluster does not know, by a
 // metadata request that does not create them.
 func (p *outboxPublisher) unknownTopics(ctx context.Context, topics []string) map[string]bool {
-	req := kmsg.NewPtrMetadataRequest()
-	req.AllowAutoTopicCreation = false
-	for _, topic := range topics {
-		t := kmsg.NewMetadataRequestTopic()
-		t.Topic = kmsg.StringPtr(topic)
-		req.Topics = append(req.Topics, t)
-	}
-	resp, err := req.RequestWith(ctx, p.cl)
+	resp, err := p.metadata(ctx, topics)
 	if err != nil {
 		return nil
 	}
@@ -162,4 +172,122 @@ func (p *outboxPublisher) unknownTopics(ctx context.Context, topics []string) ma
 		}
 	}
 	return unknown
+}
+
+// partitions returns the partition counts of topics, from the cluster
+// (franz-go keeps its metadata to itself: cached or fresh alike).
+func (p *outboxPublisher) partitions(ctx context.Context, topics []string, _ bool) map[string]int {
+	resp, err := p.metadata(ctx, topics)
+	if err != nil {
+		return nil
+	}
+	counts := map[string]int{}
+	for _, t := range resp.Topics {
+		if t.Topic != nil && t.ErrorCode == 0 {
+			counts[*t.Topic] = len(t.Partitions)
+		}
+	}
+	return counts
+}
+
+// metadata asks the cluster about topics without creating them.
+func (p *outboxPublisher) metadata(ctx context.Context, topics []string) (*kmsg.MetadataResponse, error) {
+	req := kmsg.NewPtrMetadataRequest()
+	req.AllowAutoTopicCreation = false
+	for _, topic := range topics {
+		t := kmsg.NewMetadataRequestTopic()
+		t.Topic = kmsg.StringPtr(topic)
+		req.Topics = append(req.Topics, t)
+	}
+	return req.RequestWith(ctx, p.cl)
+}
+
+// namedPartition is the key of the value, in a kgo.Record's Context, that
+// marks a record whose Partition the publisher chose.
+type namedPartition struct{}
+
+// OutboxPartitioner returns a partitioner (for kgo.RecordPartitioner) that
+// sends a record of the outbox publisher that names its partition
+// (outbox.Message.Partition) to that partition, and every other record,
+// the client's other records included, where base sends it. Nil base is
+// franz-go's default partitioner (kgo.UniformBytesPartitioner(64 KiB,
+// true, true, nil): keyed records hashed with murmur2, as the Java client
+// and kafka-go's outbox publisher do). Give it to the client
+// NewOutboxPublisher is made with:
+//
+//	cl, err := kgo.NewClient(kgo.SeedBrokers(brokers...),
+//		kgo.RecordPartitioner(franzinbox.OutboxPartitioner(nil)))
+func OutboxPartitioner(base kgo.Partitioner) kgo.Partitioner {
+	if base == nil {
+		base = kgo.UniformBytesPartitioner(64<<10, true, true, nil)
+	}
+	return &outboxPartitioner{base: base}
+}
+
+// outboxPartitioner is OutboxPartitioner's partitioner.
+type outboxPartitioner struct {
+	base kgo.Partitioner
+}
+
+// ForTopic returns topic's partitioner, with the optional methods of
+// base's.
+func (p *outboxPartitioner) ForTopic(topic string) kgo.TopicPartitioner {
+	tp := topicPartitioner{base: p.base.ForTopic(topic)}
+	backup, isBackup := tp.base.(kgo.TopicBackupPartitioner)
+	onNew, isOnNew := tp.base.(kgo.TopicPartitionerOnNewBatch)
+	switch {
+	case isBackup && isOnNew:
+		return struct {
+			backupPartitioner
+			kgo.TopicPartitionerOnNewBatch
+		}{backupPartitioner{tp, backup}, onNew}
+	case isBackup:
+		return backupPartitioner{tp, backup}
+	case isOnNew:
+		return struct {
+			topicPartitioner
+			kgo.TopicPartitionerOnNewBatch
+		}{tp, onNew}
+	}
+	return tp
+}
+
+// named reports whether r is a record whose partition the publisher chose.
+func named(r *kgo.Record) bool {
+	return r.Context != nil && r.Context.Value(namedPartition{}) != nil
+}
+
+// topicPartitioner sends the named records to their partition, the others
+// where base does.
+type topicPartitioner struct {
+	base kgo.TopicPartitioner
+}
+
+// RequiresConsistency is true for a named record: franz-go then chooses
+// among every partition of the topic, whose index is its number.
+func (p topicPartitioner) RequiresConsistency(r *kgo.Record) bool {
+	return named(r) || p.base.RequiresConsistency(r)
+}
+
+// Partition returns a named record's partition, or base's choice.
+func (p topicPartitioner) Partition(r *kgo.Record, n int) int {
+	if named(r) {
+		return int(r.Partition)
+	}
+	return p.base.Partition(r, n)
+}
+
+// backupPartitioner is topicPartitioner for a base that partitions by
+// backup (franz-go then calls PartitionByBackup, never Partition).
+type backupPartitioner struct {
+	topicPartitioner
+	backup kgo.TopicBackupPartitioner
+}
+
+// PartitionByBackup returns a named record's partition, or base's choice.
+func (p backupPartitioner) PartitionByBackup(r *kgo.Record, n int, it kgo.TopicBackupIter) int {
+	if named(r) {
+		return int(r.Partition)
+	}
+	return p.backup.PartitionByBackup(r, n, it)
 }

@@ -145,6 +145,12 @@ func (c *Consumer) Run(ctx context.Context) error {
 	if err := gc.Validate(); err != nil { // also fills in kafka-go's defaults
 		return fmt.Errorf("justonce/kafkainbox: group config: %w", err)
 	}
+	ctl := newControlChecker(rc.Brokers, rc.Dialer)
+	defer ctl.close()
+	// Before the group is joined: a refusal consumes nothing.
+	if err := c.checkHorizon(ctx, ctl.client, rc.StartOffset == kafka.LastOffset); err != nil {
+		return err
+	}
 	group, err := kafka.NewConsumerGroup(gc)
 	if err != nil {
 		return fmt.Errorf("justonce/kafkainbox: group config: %w", err)
@@ -153,8 +159,6 @@ func (c *Consumer) Run(ctx context.Context) error {
 	// the coordinator waits for it at most the rebalance timeout and drops
 	// it after the session timeout: in-flight attempts get half the lesser.
 	rebalanceGrace := min(c.cfg.ShutdownTimeout, gc.RebalanceTimeout/2, gc.SessionTimeout/2)
-	ctl := newControlChecker(rc.Brokers, rc.Dialer)
-	defer ctl.close()
 	failing := false
 	for ctx.Err() == nil {
 		gen, err := group.Next(ctx)

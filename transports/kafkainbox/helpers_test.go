@@ -88,11 +88,22 @@ func partitions(t testing.TB, brokers []string, topic string) []int {
 // their partition, waiting for all replicas.
 func publish(t testing.TB, brokers []string, topic string, msgs ...kafka.Message) {
 	t.Helper()
+	write(t, brokers, topic, &kafka.Hash{}, msgs)
+}
+
+// publishTo writes msgs, in order, to one partition of topic.
+func publishTo(t testing.TB, brokers []string, topic string, partition int, msgs ...kafka.Message) {
+	t.Helper()
+	write(t, brokers, topic, kafka.BalancerFunc(func(kafka.Message, ...int) int { return partition }), msgs)
+}
+
+func write(t testing.TB, brokers []string, topic string, b kafka.Balancer, msgs []kafka.Message) {
+	t.Helper()
 	tr := &kafka.Transport{}
 	w := &kafka.Writer{
 		Addr:         kafka.TCP(brokers...),
 		Topic:        topic,
-		Balancer:     &kafka.Hash{},
+		Balancer:     b,
 		RequiredAcks: kafka.RequireAll,
 		BatchSize:    1000,
 		BatchBytes:   16 << 20,

@@ -26,12 +26,17 @@ import (
 // with the Java client and franz-go), BatchSize = outbox.DefaultBatchSize
 // (set it to the relay's BatchSize when that is larger) and BatchTimeout
 // = 1 ms (the relay hands it whole batches; kafka-go's 1 s default would
-// hold each one back). w stays the caller's: close it after the relays
-// that use the publisher have stopped.
+// hold each one back). Then it wraps w's Balancer: kafka-go's writer
+// ignores kafka.Message.Partition, so a message that names its partition
+// (outbox.Message.Partition) is sent there by the wrapper, and every
+// other message where the Balancer sends it (w's other writes too). w
+// stays the caller's: close it after the relays that use the publisher
+// have stopped.
 //
 // What the broker refuses for good is reported permanent (the relay marks
 // the message failed): a message too large, an invalid topic or record, a
-// topic it may not write to, and a topic that does not exist, once the
+// topic it may not write to, a partition the topic does not have (after
+// the cluster confirms its count), and a topic that does not exist, once the
 // cluster confirms it (kafka-go's writer answers from metadata it caches
 // for up to its transport's MetadataTTL, in which a topic created since is
 // unknown). The broker's other errors, and ctx ending, are failures for
@@ -54,6 +59,9 @@ func NewOutboxPublisher(w *kafka.Writer) (outbox.Publisher, error) {
 	if w.Balancer == nil {
 		w.Balancer = kafka.Murmur2Balancer{}
 	}
+	if _, ok := w.Balancer.(partitionBalancer); !ok {
+		w.Balancer = partitionBalancer{next: w.Balancer}
+	}
 	if w.BatchSize == 0 {
 		w.BatchSize = outbox.DefaultBatchSize
 	}
@@ -70,10 +78,27 @@ type outboxPublisher struct {
 
 // Publish writes msgs in one WriteMessages call; see NewOutboxPublisher.
 func (p *outboxPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
-	answers := make([]kafkapub.Answer, len(msgs))
-	p.write(ctx, msgs, answers)
-	kafkapub.ConfirmUnknownTopics(ctx, msgs, answers, unknownTopic, p.unknownTopics)
-	return kafkapub.Errors(answers)
+	return kafkapub.Publish(ctx, kafkapub.Client{Send: p.write, Partitions: p.partitions,
+		UnknownTopic: unknownTopic, UnknownTopics: p.unknownTopics}, msgs)
+}
+
+// partitionBalancer is the Balancer NewOutboxPublisher gives its writer:
+// a message whose WriterData names a partition (namedPartition) goes
+// there, every other one where next sends it.
+type partitionBalancer struct {
+	next kafka.Balancer
+}
+
+// namedPartition, in a kafka.Message's WriterData, is the partition the
+// publisher sends the message to.
+type namedPartition int32
+
+// Balance returns the named partition, or next's choice.
+func (b partitionBalancer) Balance(msg kafka.Message, partitions ...int) int {
+	if p, ok := msg.WriterData.(namedPartition); ok {
+		return int(p)
+	}
+	return b.next.Balance(msg, partitions...)
 }
 
 // Close does nothing: the writer stays the caller's.
@@ -92,6 +117,9 @@ func (p *outboxPublisher) write(ctx context.Context, msgs []outbox.Message, answ
 			hs = append(hs, kafka.Header{Key: h.Key, Value: h.Value})
 		}
 		km[i] = kafka.Message{Topic: m.Topic, Key: m.Key, Value: m.Value, Headers: hs}
+		if m.Partition != nil {
+			km[i].WriterData = namedPartition(*m.Partition)
+		}
 	}
 	err := p.w.WriteMessages(ctx, km...)
 	if err == nil {
@@ -143,19 +171,48 @@ func permanentKafka(err error) bool {
 
 func unknownTopic(err error) bool { return errors.Is(err, kafka.UnknownTopicOrPartition) }
 
+// partitions returns the partition counts of topics: from the metadata
+// the writer's transport caches (a topic it has not cached yet is left
+// out), or fresh from the cluster through a transport of its own.
+func (p *outboxPublisher) partitions(ctx context.Context, topics []string, fresh bool) map[string]int {
+	c, done := p.client(fresh)
+	defer done()
+	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
+	if err != nil {
+		return nil
+	}
+	counts := map[string]int{}
+	for _, tp := range md.Topics {
+		if tp.Error == nil {
+			counts[tp.Name] = len(tp.Partitions)
+		}
+	}
+	return counts
+}
+
+// client returns a client on the writer's brokers: through the writer's
+// transport, or (fresh) through a transport of its own with the writer's
+// dial, TLS and SASL settings, closed by done.
+func (p *outboxPublisher) client(fresh bool) (c *kafka.Client, done func()) {
+	if !fresh {
+		return &kafka.Client{Addr: p.w.Addr, Transport: p.w.Transport}, func() {}
+	}
+	t := &kafka.Transport{}
+	if wt, ok := p.w.Transport.(*kafka.Transport); ok {
+		t = &kafka.Transport{Dial: wt.Dial, DialTimeout: wt.DialTimeout, ClientID: wt.ClientID,
+			TLS: wt.TLS, SASL: wt.SASL, Context: wt.Context, Resolver: wt.Resolver}
+	}
+	return &kafka.Client{Addr: p.w.Addr, Transport: t}, t.CloseIdleConnections
+}
+
 // unknownTopics returns the topics the cluster does not know. kafka-go
 // answers a writer's metadata from its transport's cache, refreshed every
 // MetadataTTL (6 s by default): a topic created since is "unknown" to it
 // for a while. This asks the cluster through a transport of its own,
 // without creating the topics.
 func (p *outboxPublisher) unknownTopics(ctx context.Context, topics []string) map[string]bool {
-	t := &kafka.Transport{}
-	if wt, ok := p.w.Transport.(*kafka.Transport); ok {
-		t = &kafka.Transport{Dial: wt.Dial, DialTimeout: wt.DialTimeout, ClientID: wt.ClientID,
-			TLS: wt.TLS, SASL: wt.SASL, Context: wt.Context, Resolver: wt.Resolver}
-	}
-	defer t.CloseIdleConnections()
-	c := &kafka.Client{Addr: p.w.Addr, Transport: t}
+	c, done := p.client(true)
+	defer done()
 	md, err := c.Metadata(ctx, &kafka.MetadataRequest{Topics: topics})
 	if err != nil {
 		return nil

@@ -2,6 +2,7 @@ package kafkainbox_test
 
 import (
 	"context"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -108,14 +109,25 @@ func TestOutboxPublisherConfig(t *testing.T) {
 	_, err := kafkainbox.NewOutboxPublisher(w)
 	require.NoError(t, err)
 	require.Equal(t, kafka.RequireAll, w.RequiredAcks)
-	require.Equal(t, kafka.Murmur2Balancer{}, w.Balancer)
+	balancesLike(t, kafka.Murmur2Balancer{}, w.Balancer)
 	require.Equal(t, outbox.DefaultBatchSize, w.BatchSize)
 	require.Equal(t, time.Millisecond, w.BatchTimeout)
 
 	set := &kafka.Writer{Addr: kafka.TCP("127.0.0.1:9"), Balancer: &kafka.Hash{}, BatchSize: 7, BatchTimeout: time.Second}
 	_, err = kafkainbox.NewOutboxPublisher(set)
 	require.NoError(t, err)
-	require.Equal(t, &kafka.Hash{}, set.Balancer)
+	balancesLike(t, &kafka.Hash{}, set.Balancer)
 	require.Equal(t, 7, set.BatchSize)
 	require.Equal(t, time.Second, set.BatchTimeout)
+}
+
+// balancesLike checks that got (the publisher's wrapper of the writer's
+// Balancer) sends messages that name no partition where want does.
+func balancesLike(t *testing.T, want, got kafka.Balancer) {
+	t.Helper()
+	parts := []int{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11}
+	for i := range 200 {
+		m := kafka.Message{Key: []byte("key-" + strconv.Itoa(i))}
+		require.Equal(t, want.Balance(m, parts...), got.Balance(m, parts...), "key-%d", i)
+	}
 }

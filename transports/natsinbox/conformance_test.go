@@ -1,6 +1,7 @@
 package natsinbox
 
 import (
+	"context"
 	"testing"
 	"time"
 
@@ -42,17 +43,25 @@ func (h *harness) Publish(t *testing.T, topic string, msgs []consumertest.Msg) {
 	}
 }
 
-func (h *harness) Start(t *testing.T, topic, group string, opts consumertest.Options) (stop func()) {
-	nc, err := nats.Connect(h.env.url)
-	require.NoError(t, err)
-	c, err := New(Config{
+// config is the Consumer's Config on nc. Its AckWait, how long the server
+// waits before it redelivers a message a killed consumer took, is 5 s
+// rather than the server's 30 s, as a program may set it: the tests do not
+// wait out 30 s after each kill.
+func (h *harness) config(nc *nats.Conn, topic, group string, opts consumertest.Options) Config {
+	return Config{
 		Conn:       nc,
 		Stream:     "S-" + topic,
 		Durable:    group,
 		Processor:  opts.Config,
-		Scheduling: consumer.Scheduling{BatchSize: suiteBatch(opts.BatchSize)},
+		Scheduling: consumer.Scheduling{Concurrency: opts.Concurrency, BatchSize: suiteBatch(opts.BatchSize)},
 		AckWait:    5 * time.Second,
-	}, opts.Handler)
+	}
+}
+
+func (h *harness) Start(t *testing.T, topic, group string, opts consumertest.Options) (stop func()) {
+	nc, err := nats.Connect(h.env.url)
+	require.NoError(t, err)
+	c, err := New(h.config(nc, topic, group, opts), opts.Handler)
 	require.NoError(t, err)
 	stopRun, _ := consumertest.Start(t, c)
 	return func() {
@@ -76,9 +85,42 @@ func (h *harness) DeadLetters(t *testing.T, topic string) []consumertest.DeadLet
 	return out
 }
 
+// Pending: the durable's messages not delivered yet, and those delivered
+// and not acked.
+func (h *harness) Pending(t *testing.T, topic, group string) int {
+	ci := h.env.consumerInfo(t, "S-"+topic, group)
+	return int(ci.NumPending) + ci.NumAckPending
+}
+
+func (h *harness) PostgresURL(t *testing.T) string { return testsvc.PostgresURL(t) }
+
+// ChildEnv gives the child process the server, embedded in this process.
+func (h *harness) ChildEnv() []string { return []string{testsvc.EnvNATS + "=" + h.env.url} }
+
+func (h *harness) RunChild(ctx context.Context, topic, group string, opts consumertest.Options) error {
+	nc, err := nats.Connect(h.env.url)
+	if err != nil {
+		return err
+	}
+	defer nc.Close()
+	c, err := New(h.config(nc, topic, group, opts), opts.Handler)
+	if err != nil {
+		return err
+	}
+	return c.Run(ctx)
+}
+
+func (h *harness) Replay(t *testing.T, topic, group string, opts consumertest.Options, since time.Time, ro consumer.ReplayOptions) (consumer.ReplayReport, error) {
+	c, err := New(h.config(h.env.nc, topic, group, opts), opts.Handler)
+	require.NoError(t, err)
+	return c.Replay(context.Background(), ReplayConfig{StartTime: since, FetchWait: 500 * time.Millisecond}, ro)
+}
+
+// No Stall case: a JetStream consumer has no lanes to hold up apart (its
+// messages share one lane, in no order across Concurrency).
 func TestConformance(t *testing.T) {
 	t.Parallel()
-	consumertest.Run(t, &harness{env: newEnv(t)}, consumertest.Features{Batch: true, SharedGroup: true})
+	consumertest.Run(t, &harness{env: newEnv(t)}, consumertest.Features{Batch: true, SharedGroup: true, Crash: true, Replay: true})
 }
 
 // suiteBatch maps the suite's batch size to the Config's: the suite's

@@ -77,8 +77,9 @@ func (c *Consumer) Config() Config {
 // for them to return), acks them, Naks what was pulled but not finished so
 // that another member gets it at once, and returns nil. It returns an
 // error when the consumer cannot be set up (stream or durable missing, a configuration that would consume its own
-// dead letters) or stops for good (the durable was deleted). A second
-// call returns consumer.ErrRunOnce.
+// dead letters, a stream that outlives the ledger under
+// consumer.HorizonRefuse: see consumer.Config.Horizon) or stops for good
+// (the durable was deleted). A second call returns consumer.ErrRunOnce.
 func (c *Consumer) Run(ctx context.Context) error {
 	if err := c.Started(); err != nil {
 		return err

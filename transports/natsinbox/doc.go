@@ -59,6 +59,16 @@
 // republish after the duplicate window (2 minutes by default) and a
 // redelivery after a lost ack.
 //
+// The ledger keeps an ID for its TTL (Processor.TTL, or the ledger's
+// default): keep it longer than the stream's MaxAge, since a redelivery or
+// a replay can reach any message the stream still holds. Run checks it
+// once the durable is in place (consumer.Config.Horizon): it warns when
+// MaxAge is above the TTL or 0 (kept forever), reports the durable's
+// backlog, notes a dead-letter stream that keeps dead letters longer than
+// the TTL, and with consumer.HorizonRefuse returns a
+// *consumer.HorizonError instead of pulling. Core NATS does not redeliver:
+// it is not checked.
+//
 // # Attempts
 //
 // consumer.Message.Attempt counts handler failures, not JetStream

@@ -74,26 +74,14 @@ func (c *Consumer) setup(ctx context.Context) (jetstream.Consumer, time.Duration
 	if err := c.cfg.checkDeadLetterLoop(subjects); err != nil {
 		return nil, 0, err
 	}
-	ttl := c.Proc.Config().TTL
-	if ttl == 0 {
-		ttl = c.Proc.Config().Ledger.DefaultTTL()
-	}
-	if outlivesLedger(si.Config.MaxAge, ttl) {
-		c.Log.WarnContext(ctx, "justonce natsinbox: the stream keeps messages longer than the ledger keeps their IDs; a redelivery or replay after the ledger row expired runs the handler again",
-			"stream", c.cfg.Stream, "max_age", si.Config.MaxAge, "ledger_ttl", ttl)
+	if err := c.checkHorizon(ctx, si, info, subjects); err != nil {
+		return nil, 0, err
 	}
 	ackWait := info.Config.AckWait
 	if ackWait <= 0 {
 		ackWait = DefaultAckWait
 	}
 	return cons, ackWait, nil
-}
-
-// outlivesLedger reports whether a stream whose messages are kept maxAge
-// (0: JetStream's default, for ever) may hand out a message after the
-// ledger forgot its ID (kept ttl).
-func outlivesLedger(maxAge, ttl time.Duration) bool {
-	return maxAge == 0 || maxAge > ttl
 }
 
 func (c *Consumer) runJetStream(ctx context.Context) error {

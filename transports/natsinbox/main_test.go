@@ -8,15 +8,13 @@ import (
 )
 
 // TestMain runs the tests, or, in a child process started by a test, the
-// child's part: a consumer to be killed (crashChild) or a NATS server to be
-// killed and restarted (serverChild). The examples read the service
-// addresses from the environment, as a program would: TestMain exports
-// those of .services.env that the environment does not set.
+// child's part: a NATS server to be killed and restarted (serverChild).
+// (The conformance suite's crash case re-runs TestConformance instead.)
+// The examples read the service addresses from the environment, as a
+// program would: TestMain exports those of .services.env that the
+// environment does not set.
 func TestMain(m *testing.M) {
-	switch {
-	case os.Getenv(envCrashChild) != "":
-		crashChild()
-	case os.Getenv(envServerChild) != "":
+	if os.Getenv(envServerChild) != "" {
 		serverChild()
 	}
 	if v := testsvc.Getenv(testsvc.EnvPostgres); v != "" {

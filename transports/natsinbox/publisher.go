@@ -25,8 +25,10 @@ import (
 // server's maximum payload or the stream's maximum message size, a bad
 // subject, and no stream for the subject, once the server confirms that no
 // stream listens on it (no responders is also what a stream between
-// leaders, or a server restarting, answers). Its other errors, and ctx
-// ending before an ack, are failures for the time being.
+// leaders, or a server restarting, answers), and a message that names a
+// partition (outbox.Message.Partition: subjects have none; outbox.Add
+// refuses it already). Its other errors, and ctx ending before an ack, are
+// failures for the time being.
 //
 // js (and its connection) stays the caller's: close it after the relays
 // that use the publisher have stopped.
@@ -51,7 +53,15 @@ func (p *outboxPublisher) Close() error { return nil }
 func (p *outboxPublisher) Publish(ctx context.Context, msgs []outbox.Message) []error {
 	errs := make([]error, len(msgs))
 	futs := make([]jetstream.PubAckFuture, len(msgs))
+	failed := false
 	for i, m := range msgs {
+		if m.Partition != nil {
+			// outbox.Add refuses these; a row written otherwise is
+			// refused here.
+			errs[i] = outbox.Permanent(errPartition)
+			failed = true
+			continue
+		}
 		nm := nats.NewMsg(m.Topic)
 		nm.Data = m.Value
 		nm.Header.Set(jetstream.MsgIDHeader, m.ID)
@@ -65,7 +75,6 @@ func (p *outboxPublisher) Publish(ctx context.Context, msgs []outbox.Message) []
 		}
 		futs[i] = f
 	}
-	failed := false
 	for i, f := range futs {
 		if f == nil {
 			failed = true
@@ -87,6 +96,10 @@ func (p *outboxPublisher) Publish(ctx context.Context, msgs []outbox.Message) []
 	p.classify(ctx, msgs, errs)
 	return errs
 }
+
+// errPartition refuses a message that names a partition: NATS subjects
+// have none.
+var errPartition = errors.New("the message names a partition: NATS subjects have none")
 
 // classify wraps the refusals for good in outbox.Permanent. A "no stream"
 // answer (no responders: nothing took the publish) counts only when the

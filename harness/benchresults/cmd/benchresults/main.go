@@ -5,6 +5,7 @@
 //	benchresults start -root . -state run.json -command 'make bench'
 //	... the benchmarks, logged to bench.out ...
 //	benchresults write -state run.json -log bench.out
+//	benchresults include docs/performance.md
 //
 // start records the run's beginning (date, commit, machine, load average)
 // and, from the environment as the caller set it, where the results go:
@@ -19,6 +20,10 @@
 //
 // write reads the log, writes the file (the header, then one table per
 // area) and prints it on stdout.
+//
+// include brings the include blocks of the documents named up to date
+// with the results files they include (see benchresults.Include): the
+// performance page shows the latest run's tables as they were written.
 package main
 
 import (
@@ -56,6 +61,8 @@ func main() {
 		err = start(os.Args[2:])
 	case "write":
 		err = write(os.Args[2:], os.Stdout)
+	case "include":
+		err = include(os.Args[2:])
 	default:
 		usage()
 	}
@@ -66,7 +73,7 @@ func main() {
 }
 
 func usage() {
-	fmt.Fprintln(os.Stderr, "usage: benchresults start -root DIR -state FILE -command CMD | write -state FILE -log FILE")
+	fmt.Fprintln(os.Stderr, "usage: benchresults start -root DIR -state FILE -command CMD | write -state FILE -log FILE | include DOC...")
 	os.Exit(2)
 }
 
@@ -188,5 +195,21 @@ func write(args []string, stdout io.Writer) error {
 		return err
 	}
 	fmt.Fprintf(os.Stderr, "benchresults: wrote %s\n", s.Output)
+	return nil
+}
+
+func include(docs []string) error {
+	if len(docs) == 0 {
+		return errors.New("include: name the documents")
+	}
+	for _, d := range docs {
+		changed, err := benchresults.IncludeFile(d)
+		if err != nil {
+			return err
+		}
+		if changed {
+			fmt.Fprintf(os.Stderr, "benchresults: %s now includes the latest results\n", d)
+		}
+	}
 	return nil
 }

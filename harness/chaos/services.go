@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"net"
@@ -17,8 +19,6 @@ import (
 	toxiproxy "github.com/Shopify/toxiproxy/v2"
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/rs/zerolog"
-
-	"github.com/justonce/justonce/consumer"
 )
 
 // services crashes and restarts the Postgres and Kafka that
@@ -124,21 +124,19 @@ func (s *services) check(service string, port int) error {
 	return fmt.Errorf("%s: %s does not describe the server the run uses (%s); set JUSTONCE_SERVICES_DIR and the JUSTONCE_*_PORT variables of the services in use", service, file, marker)
 }
 
-// crash SIGKILLs the service, waits until the process is gone, then
-// restarts it and waits until it answers. It returns how long the service
-// was down.
-func (s *services) crash(ctx context.Context, service string) (time.Duration, error) {
+// kill SIGKILLs the service and waits until the process is gone and its
+// port is free.
+func (s *services) kill(service string) error {
 	pid, err := s.pid(service)
 	if err != nil {
-		return 0, err
+		return err
 	}
-	start := time.Now()
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
-		return 0, fmt.Errorf("%s: kill %d: %w", service, pid, err)
+		return fmt.Errorf("%s: kill %d: %w", service, pid, err)
 	}
 	for deadline := time.Now().Add(30 * time.Second); alive(pid); time.Sleep(20 * time.Millisecond) {
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("%s: pid %d still alive 30 s after SIGKILL", service, pid)
+			return fmt.Errorf("%s: pid %d still alive 30 s after SIGKILL", service, pid)
 		}
 	}
 	// A killed JVM's main thread can show as a zombie while its other
@@ -147,25 +145,34 @@ func (s *services) crash(ctx context.Context, service string) (time.Duration, er
 	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		c, err := net.DialTimeout("tcp", addr, 200*time.Millisecond)
 		if err != nil {
-			break
+			return nil
 		}
 		_ = c.Close()
 		if time.Now().After(deadline) {
-			return 0, fmt.Errorf("%s: %s still accepts connections 30 s after SIGKILL", service, addr)
+			return fmt.Errorf("%s: %s still accepts connections 30 s after SIGKILL", service, addr)
 		}
 	}
-	// The killed process's last threads may still hold its files (Kafka's
-	// data directory lock) for a moment after the port is free: a start
-	// that fails at once is tried again, a bounded number of times.
+}
+
+// restart starts the service killed by kill again and waits until it
+// answers. The killed process's last threads may still hold its files
+// (Kafka's data directory lock) for a moment after the port is free, and
+// on a loaded machine a JVM may take longer to answer than services.sh
+// waits for (it then finds the broker it started running but silent): a
+// start that fails is tried again, 2 s later, for up to 3 minutes.
+func (s *services) restart(ctx context.Context, service string) error {
 	var upErr error
-	for try := 0; try < 4; try++ {
+	deadline := time.Now().Add(3 * time.Minute)
+	for try := 1; ; try++ {
 		if upErr = s.up(ctx, service); upErr == nil {
-			return time.Since(start), nil
+			return nil
 		}
-		fmt.Fprintf(os.Stderr, "chaos: %s restart failed (try %d), retrying: %v\n", service, try+1, upErr)
+		if time.Now().After(deadline) {
+			return upErr
+		}
+		fmt.Fprintf(errOut, "chaos: %s restart failed (try %d), retrying: %v\n", service, try, upErr)
 		time.Sleep(2 * time.Second)
 	}
-	return time.Since(start), upErr
 }
 
 // up runs `services.sh up` for one service, bounded by 3 minutes.
@@ -242,34 +249,47 @@ func (n *natsServer) shutdown() {
 	}
 }
 
-// restart shuts the server down (JetStream flushes its file store) and
-// starts a new one on the same port and store after down.
-func (n *natsServer) restart(down time.Duration) error {
-	n.shutdown()
-	time.Sleep(down)
-	return n.start()
-}
-
 // netFaults is an in-process TCP fault proxy (toxiproxy) between the
-// consumers and HTTP server and Postgres and Redis. It listens on
-// 127.0.0.1 only.
+// consumers and HTTP server and Postgres and Redis: one proxy per node
+// (two of each with a standby). It listens on 127.0.0.1 only.
 type netFaults struct {
 	srv       *toxiproxy.ApiServer
-	pg, redis *toxiproxy.Proxy
+	pg, redis []*toxiproxy.Proxy
 }
 
-func newNetFaults(pgAddr, redisAddr string) (*netFaults, error) {
+func newNetFaults(pgAddrs, redisAddrs []string) (*netFaults, error) {
 	srv := toxiproxy.NewServer(toxiproxy.NewMetricsContainer(nil), zerolog.Nop())
 	n := &netFaults{srv: srv}
-	var err error
-	if n.pg, err = n.proxy("pg", pgAddr); err != nil {
-		return nil, err
+	add := func(name, upstream string) (*toxiproxy.Proxy, error) {
+		p, err := n.proxy(name, upstream)
+		if err != nil {
+			n.close()
+		}
+		return p, err
 	}
-	if n.redis, err = n.proxy("redis", redisAddr); err != nil {
-		n.pg.Stop()
-		return nil, err
+	for i, a := range pgAddrs {
+		p, err := add(proxyName("pg", i), a)
+		if err != nil {
+			return nil, err
+		}
+		n.pg = append(n.pg, p)
+	}
+	for i, a := range redisAddrs {
+		p, err := add(proxyName("redis", i), a)
+		if err != nil {
+			return nil, err
+		}
+		n.redis = append(n.redis, p)
 	}
 	return n, nil
+}
+
+// proxyName is "pg", "pg1", ...: the first keeps the single node's name.
+func proxyName(service string, i int) string {
+	if i == 0 {
+		return service
+	}
+	return service + strconv.Itoa(i)
 }
 
 func (n *netFaults) proxy(name, upstream string) (*toxiproxy.Proxy, error) {
@@ -284,20 +304,26 @@ func (n *netFaults) close() {
 	_ = n.srv.Collection.Clear()
 }
 
-// toxic adds a toxic to p for d, then removes it.
-func toxic(ctx context.Context, p *toxiproxy.Proxy, name, typ, stream string, attrs string, d time.Duration) error {
-	body := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"toxicity":1,"attributes":%s}`, name, typ, stream, attrs)
-	if _, err := p.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
-		return fmt.Errorf("toxic %s on %s: %w", name, p.Name, err)
+// listens returns the proxies' listen addresses.
+func listens(ps []*toxiproxy.Proxy) []string {
+	out := make([]string, len(ps))
+	for i, p := range ps {
+		out[i] = p.Listen
 	}
-	_ = consumer.Sleep(ctx, d)
-	return p.Toxics.RemoveToxic(context.WithoutCancel(ctx), name)
+	return out
 }
 
 // netFault kinds, in turn.
 var netFaultKinds = []string{"reset-peer", "latency", "timeout"}
 
-// inject runs one network fault episode of the given kind.
+// A toxic on some proxies, for a while.
+type toxicSpec struct {
+	name, typ, stream, attrs string
+	proxies                  []*toxiproxy.Proxy
+	d                        time.Duration
+}
+
+// toxics returns what one network fault episode of the given kind adds.
 //   - reset-peer: every Postgres connection is reset (RST) at the next
 //     reply the server sends, that reply dropped, for 300 ms: a COMMIT in
 //     flight is executed by the server and its answer never arrives
@@ -306,38 +332,79 @@ var netFaultKinds = []string{"reset-peer", "latency", "timeout"}
 //     for 2 s.
 //   - timeout: no data flows to Postgres and Redis; connections are
 //     closed after 1.5 s; for 2 s.
-func (n *netFaults) inject(ctx context.Context, kind string) error {
+func (n *netFaults) toxics(kind string) (toxicSpec, error) {
+	both := append(append([]*toxiproxy.Proxy(nil), n.pg...), n.redis...)
 	switch kind {
 	case "reset-peer":
-		return toxic(ctx, n.pg, "reset", "reset_peer", "downstream", `{"timeout":0}`, 300*time.Millisecond)
+		return toxicSpec{"reset", "reset_peer", "downstream", `{"timeout":0}`, n.pg, 300 * time.Millisecond}, nil
 	case "latency":
-		var wg sync.WaitGroup
-		var e1, e2 error
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			e1 = toxic(ctx, n.pg, "latency", "latency", "downstream", `{"latency":150,"jitter":100}`, 2*time.Second)
-		}()
-		go func() {
-			defer wg.Done()
-			e2 = toxic(ctx, n.redis, "latency", "latency", "downstream", `{"latency":150,"jitter":100}`, 2*time.Second)
-		}()
-		wg.Wait()
-		return errors.Join(e1, e2)
+		return toxicSpec{"latency", "latency", "downstream", `{"latency":150,"jitter":100}`, both, 2 * time.Second}, nil
 	case "timeout":
-		var wg sync.WaitGroup
-		var e1, e2 error
-		wg.Add(2)
-		go func() {
-			defer wg.Done()
-			e1 = toxic(ctx, n.pg, "timeout", "timeout", "upstream", `{"timeout":1500}`, 2*time.Second)
-		}()
-		go func() {
-			defer wg.Done()
-			e2 = toxic(ctx, n.redis, "timeout", "timeout", "upstream", `{"timeout":1500}`, 2*time.Second)
-		}()
-		wg.Wait()
-		return errors.Join(e1, e2)
+		return toxicSpec{"timeout", "timeout", "upstream", `{"timeout":1500}`, both, 2 * time.Second}, nil
 	}
-	return fmt.Errorf("unknown network fault %q", kind)
+	return toxicSpec{}, fmt.Errorf("unknown network fault %q", kind)
+}
+
+// add adds the toxic to every proxy of t.
+func (t toxicSpec) add() error {
+	body := fmt.Sprintf(`{"name":%q,"type":%q,"stream":%q,"toxicity":1,"attributes":%s}`, t.name, t.typ, t.stream, t.attrs)
+	for _, p := range t.proxies {
+		if _, err := p.Toxics.AddToxicJson(strings.NewReader(body)); err != nil {
+			return fmt.Errorf("toxic %s on %s: %w", t.name, p.Name, err)
+		}
+	}
+	return nil
+}
+
+// remove removes the toxic from every proxy of t.
+func (t toxicSpec) remove(ctx context.Context) error {
+	var errs []error
+	for _, p := range t.proxies {
+		errs = append(errs, p.Toxics.RemoveToxic(context.WithoutCancel(ctx), t.name))
+	}
+	return errors.Join(errs...)
+}
+
+func randHex(n int) string {
+	b := make([]byte, n)
+	_, _ = rand.Read(b)
+	return hex.EncodeToString(b)
+}
+
+func freePort() int {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return 0
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+// redisProc is a private redis-server the run stops and starts.
+type redisProc struct {
+	addr, bin, dir string
+	port           int
+	cmd            *exec.Cmd
+}
+
+func (r *redisProc) start() error {
+	r.cmd = exec.Command(r.bin, "--port", strconv.Itoa(r.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", r.dir)
+	if err := r.cmd.Start(); err != nil {
+		return err
+	}
+	for deadline := time.Now().Add(10 * time.Second); time.Now().Before(deadline); time.Sleep(5 * time.Millisecond) {
+		if c, err := net.DialTimeout("tcp", r.addr, 100*time.Millisecond); err == nil {
+			_ = c.Close()
+			return nil
+		}
+	}
+	return fmt.Errorf("redis-server on %s did not answer", r.addr)
+}
+
+func (r *redisProc) stop() {
+	if r.cmd != nil && r.cmd.Process != nil {
+		_ = r.cmd.Process.Kill()
+		_ = r.cmd.Wait()
+		r.cmd = nil
+	}
 }

@@ -1,0 +1,9 @@
+//go:build !linux
+
+package testproc
+
+import "os/exec"
+
+// dieWithParent does nothing: only Linux kills a child when its parent
+// dies; Start's cleanup kills it when the test ends.
+func dieWithParent(*exec.Cmd) {}
