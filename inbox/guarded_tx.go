@@ -68,20 +68,6 @@ func (g guardedTx) SendBatch(ctx context.Context, b *pgx.Batch) pgx.BatchResults
 	return g.Tx.SendBatch(ctx, b)
 }
 
-// errRow is a pgx.Row that fails with err.
-type errRow struct{ err error }
-
-func (r errRow) Scan(...any) error { return r.err }
-
-// errBatch is a pgx.BatchResults whose every result fails with err.
-type errBatch struct{ err error }
-
-func (b errBatch) Exec() (pgconn.CommandTag, error) { return pgconn.CommandTag{}, b.err }
-func (b errBatch) Query() (pgx.Rows, error)         { return nil, b.err }
-func (b errBatch) QueryRow() pgx.Row                { return errRow(b) }
-func (b errBatch) Close() error                     { return b.err }
-func (b errBatch) Tx() pgx.Tx                       { return nil }
-
 // endsTx reports whether the statement sql begins with ends the
 // transaction it runs in: COMMIT, END, ABORT, ROLLBACK (but ROLLBACK TO
 // a savepoint), PREPARE TRANSACTION. Leading blanks, semicolons and
