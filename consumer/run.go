@@ -48,7 +48,7 @@ func (p *Processor) ProcessRun(ctx context.Context, msgs []*Message, lim RunLimi
 	if err := ctx.Err(); err != nil {
 		return []Decision{{Action: Stop, Err: err}}
 	}
-	var reqs []inbox.Request
+	reqs := make([]inbox.Request, 0, len(msgs))
 	for _, m := range msgs {
 		if m.Attempt < 1 {
 			m.Attempt = 1

@@ -104,7 +104,14 @@ type Ledger struct {
 	store *storeSlot
 	fast  *redisFront // nil without Redis
 	stats counters
+	// savepointsOnly makes every DoEach run on savepoints (no optimistic
+	// path), for benchmarks comparing the two.
+	savepointsOnly bool
 }
+
+// measureSavepointsOnly, set at link time (-ldflags -X), turns the
+// optimistic path off for every ledger: a measurement switch. MEASUREMENT ONLY.
+var measureSavepointsOnly string
 
 // New returns a Ledger on pool. The schema must be migrated
 // (migrations.Migrator); New does not touch the database.
@@ -115,7 +122,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Ledger, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	l := &Ledger{pool: pool, cfg: cfg, store: newStoreSlot(cfg.Schema)}
+	l := &Ledger{pool: pool, cfg: cfg, store: newStoreSlot(cfg.Schema), savepointsOnly: measureSavepointsOnly != ""}
 	if cfg.Redis != nil {
 		l.fast = newRedisFront(*cfg.Redis, cfg.Logger, &l.stats)
 	}

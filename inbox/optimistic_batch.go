@@ -124,7 +124,7 @@ func (r *eachRun) optimistic(ctx context.Context) (run EachRun, res optimisticRe
 	// fresh marks the requests whose key is new and locked: their
 	// handlers run. The others are answered from their rows.
 	fresh := make([]bool, n)
-	answered := make(map[int]Outcome, len(claimIdx))
+	var answered map[int]Outcome // made for the first key not new: rare
 	for j, i := range claimIdx {
 		cr := rows[j]
 		switch {
@@ -143,13 +143,17 @@ func (r *eachRun) optimistic(ctx context.Context) (run EachRun, res optimisticRe
 			endTx(ctx, conn)
 			return EachRun{}, optimisticResult{end: optimisticRetry}, nil
 		}
+		if answered == nil {
+			answered = make(map[int]Outcome)
+		}
 		answered[i] = out
 	}
 
+	// outs[i] is reqs[i]'s outcome (an executed one's Result is the
+	// row's); took[i] its handler's run time.
 	outs := make([]Outcome, 0, n)
-	results := make([]Result, n)
 	took := make([]time.Duration, n)
-	var executed []int
+	executed := make([]int, 0, len(claimIdx))
 	// One for the run (its nested savepoints are numbered across
 	// handlers), refusing what would end it: see guardedTx.
 	tx := guardedTx{&ownedTx{conn: conn}}
@@ -198,7 +202,7 @@ func (r *eachRun) optimistic(ctx context.Context) (run EachRun, res optimisticRe
 			rollback(conn)
 			return EachRun{}, optimisticResult{end: optimisticFailedAt, failedAt: i, failed: herr}, nil
 		}
-		results[i], took[i] = res, time.Since(start)
+		took[i] = time.Since(start)
 		executed = append(executed, i)
 		outs = append(outs, Outcome{Disposition: Executed, Result: res})
 	}
@@ -210,7 +214,7 @@ func (r *eachRun) optimistic(ctx context.Context) (run EachRun, res optimisticRe
 		rs := make([]Result, len(executed))
 		tooks := make([]time.Duration, len(executed))
 		for j, i := range executed {
-			rs[j], tooks[j] = results[i], took[i]
+			rs[j], tooks[j] = outs[i].Result, took[i]
 		}
 		if insert, err = r.s.insertMany(insertManyParams{reqs: r.reqs, idx: executed, results: rs, ttl: l.ttl, tooks: tooks}); err != nil {
 			rollback(conn)
@@ -237,7 +241,7 @@ func (r *eachRun) optimistic(ctx context.Context) (run EachRun, res optimisticRe
 			req, ttl := r.reqs[i], l.ttl(r.reqs[i])
 			outs[i].Record = &Record{
 				Key: req.Key, Status: StatusDone, Fingerprint: req.Fingerprint, Source: req.Source,
-				Principal: req.Principal, Attempts: 1, Result: results[i], Duration: (took[i] + share).Truncate(time.Microsecond),
+				Principal: req.Principal, Attempts: 1, Result: outs[i].Result, Duration: (took[i] + share).Truncate(time.Microsecond),
 				CreatedAt: now, CompletedAt: now, ExpiresAt: now.Add(ttl.Truncate(time.Microsecond)),
 			}
 		}

@@ -180,7 +180,7 @@ type eachRun struct {
 // layout allows it (optimistic_batch.go), and on savepoints (run) for
 // what that path leaves undecided.
 func (r *eachRun) decide(ctx context.Context) (EachRun, error) {
-	if !r.s.claimsRunUpFront() {
+	if !r.s.claimsRunUpFront() || r.l.savepointsOnly {
 		return r.run(ctx)
 	}
 	run, o, err := r.optimistic(ctx)
