@@ -109,8 +109,11 @@ type Ledger struct {
 	savepointsOnly bool
 }
 
-// measureSavepointsOnly, set at link time (-ldflags -X), turns the
-// optimistic path off for every ledger: a measurement switch. MEASUREMENT ONLY.
+// measureSavepointsOnly, when set at link time, makes every ledger run
+// DoEach on savepoints only (no optimistic path), to measure a front with
+// and without it:
+//
+//	go test -ldflags '-X github.com/justonce/justonce/inbox.measureSavepointsOnly=1' ...
 var measureSavepointsOnly string
 
 // New returns a Ledger on pool. The schema must be migrated
