@@ -32,7 +32,11 @@ type RunLimits struct {
 // failed statement) is rolled back alone: the messages before it commit,
 // and the run ends with its Decision (a counted Retry, or a dead letter),
 // so that the caller retries it in place (Retry) before the messages
-// behind it run, as in Process. The run also ends at a message held
+// behind it run, as in Process. The handlers of the messages before it
+// may have been called twice then: DoEach runs them without a savepoint
+// each first, and runs them again on savepoints when a later handler
+// fails; their writes through tx commit once, what they do outside it
+// happens again. The run also ends at a message held
 // InFlight elsewhere, and starts no message beyond its RunLimits.
 // When the transaction fails as a whole for a reason of the handlers' (a
 // deferred constraint failing at COMMIT, a handler that ended the

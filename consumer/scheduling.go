@@ -103,7 +103,8 @@ type Scheduling struct {
 	// message whose handler fails is rolled back alone, the
 	// ones before it commit, and it is retried in place (or
 	// dead-lettered) before the ones behind it run, as in per-message
-	// mode. A message that is alone in its lane runs at once in a
+	// mode; the handlers before it may be called twice (see
+	// Processor.ProcessRun). A message that is alone in its lane runs at once in a
 	// transaction of its own: batches form under load only, and add no
 	// latency when the consumer keeps up. Default DefaultBatchSize (50);
 	// 1 turns batching off (one message, one transaction).
