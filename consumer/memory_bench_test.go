@@ -37,6 +37,10 @@ func memoryPerInFlight(b *testing.B, batch int) {
 	require.NoError(b, err)
 	ctx := context.Background()
 	payload := make([]byte, 1024)
+	// settle collects twice: the second empties what sync.Pools kept
+	// through the first (pgx's buffers, many after the warm-up), which
+	// would otherwise be freed between the two readings.
+	settle := func() { runtime.GC(); runtime.GC() }
 	// Round -1 warms up, unmeasured: inFlight runs at once, so that each
 	// of the pool's connections runs the ledger's statements, and what pgx
 	// keeps per connection (its prepared statements' descriptions, encode
@@ -69,7 +73,7 @@ func memoryPerInFlight(b *testing.B, batch int) {
 		for _, c := range warm {
 			c.Release()
 		}
-		runtime.GC()
+		settle()
 		var before, during runtime.MemStats
 		runtime.ReadMemStats(&before)
 		var done sync.WaitGroup
@@ -98,7 +102,7 @@ func memoryPerInFlight(b *testing.B, batch int) {
 			}()
 		}
 		entered.Wait()
-		runtime.GC()
+		settle()
 		runtime.ReadMemStats(&during)
 		close(release)
 		done.Wait()
