@@ -6,7 +6,7 @@ import (
 
 // ProcessBatch makes one attempt at each of msgs and returns one Decision
 // per message, in order. Messages run in shared transactions, each
-// message's claim and handler in its own savepoint (see ProcessRun): a
+// message as if in a savepoint of its own (see ProcessRun): a
 // message whose handler fails (returns an error, panics, or returns nil on
 // a failed statement) is rolled back alone, its Decision is a counted
 // Retry (or a dead letter), and the others commit. When a transaction

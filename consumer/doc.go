@@ -4,8 +4,8 @@
 //
 // Fronts (kafkainbox, natsinbox) turn their broker's messages into a
 // *Message, call Processor.Process (one message) or ProcessRun (the
-// messages already waiting, in order, in one transaction with a savepoint
-// each), carry on with Processor.Retry (the one retry loop), and ack, retry
+// messages already waiting, in order, in one transaction, each as if in a
+// savepoint of its own), carry on with Processor.Retry (the one retry loop), and ack, retry
 // or stop as the Decision says. A front for another broker (RabbitMQ, SQS) is written the
 // same way:
 //

@@ -26,13 +26,17 @@ type RunLimits struct {
 // is not empty. It is how the fronts batch: they pass what is waiting and
 // settle what it decided before calling it again with the rest.
 //
-// Several messages run in one transaction, each message's claim and
-// handler in its own savepoint (inbox.Ledger.DoEach), and commit together.
-// A message whose handler fails (an error, a panic, nil returned on a
+// Several messages run in one transaction (inbox.Ledger.DoEach: their keys
+// claimed together, each handler as if in a savepoint of its own), and
+// commit together. A message whose handler fails (an error, a panic, nil returned on a
 // failed statement) is rolled back alone: the messages before it commit,
 // and the run ends with its Decision (a counted Retry, or a dead letter),
 // so that the caller retries it in place (Retry) before the messages
-// behind it run, as in Process. The run also ends at a message held
+// behind it run, as in Process. The handlers of the messages before it
+// may have been called twice then: DoEach runs them without a savepoint
+// each first, and runs them again on savepoints when a later handler
+// fails; their writes through tx commit once, what they do outside it
+// happens again. The run also ends at a message held
 // InFlight elsewhere, and starts no message beyond its RunLimits.
 // When the transaction fails as a whole for a reason of the handlers' (a
 // deferred constraint failing at COMMIT, a handler that ended the
@@ -48,7 +52,7 @@ func (p *Processor) ProcessRun(ctx context.Context, msgs []*Message, lim RunLimi
 	if err := ctx.Err(); err != nil {
 		return []Decision{{Action: Stop, Err: err}}
 	}
-	var reqs []inbox.Request
+	reqs := make([]inbox.Request, 0, len(msgs))
 	for _, m := range msgs {
 		if m.Attempt < 1 {
 			m.Attempt = 1

@@ -47,9 +47,10 @@ const (
 	// DefaultMaxBuffered is Scheduling.MaxBuffered's default.
 	DefaultMaxBuffered = 1000
 	// DefaultBatchSize is Scheduling.BatchSize's default: up to 50
-	// waiting messages run in one transaction. It keeps a batch's
-	// savepoints (one per message) within the 64 subtransactions Postgres
-	// tracks per transaction without overflowing to disk.
+	// waiting messages run in one transaction. It keeps the savepoints of
+	// a batch that runs on savepoints (one per message: after a handler
+	// failed, or on the time-bucket layout) within the 64 subtransactions
+	// Postgres tracks per transaction without overflowing to disk.
 	DefaultBatchSize = 50
 	// DefaultBatchMaxTime is Scheduling.BatchMaxTime's default.
 	DefaultBatchMaxTime = 50 * time.Millisecond
@@ -97,12 +98,13 @@ type Scheduling struct {
 
 	// BatchSize is how many messages of one lane may run in one
 	// transaction. When several fetched messages of a lane are waiting, up
-	// to BatchSize of them run in one transaction, each message's claim
-	// and handler in its own savepoint (Processor.ProcessRun), and commit
-	// together; a message whose handler fails is rolled back alone, the
+	// to BatchSize of them run in one transaction, each message as if in a
+	// savepoint of its own (Processor.ProcessRun), and commit together; a
+	// message whose handler fails is rolled back alone, the
 	// ones before it commit, and it is retried in place (or
 	// dead-lettered) before the ones behind it run, as in per-message
-	// mode. A message that is alone in its lane runs at once in a
+	// mode; the handlers before it may be called twice (see
+	// Processor.ProcessRun). A message that is alone in its lane runs at once in a
 	// transaction of its own: batches form under load only, and add no
 	// latency when the consumer keeps up. Default DefaultBatchSize (50);
 	// 1 turns batching off (one message, one transaction).

@@ -59,3 +59,7 @@ func RowColumns() []string {
 	}
 	return names
 }
+
+// SetSavepointsOnly makes every DoEach run of l go on savepoints (on:
+// true) or try the optimistic path first (false), for benchmarks.
+func SetSavepointsOnly(l *Ledger, on bool) { l.savepointsOnly = on }

@@ -86,18 +86,32 @@ func TestReadOnlyConnectionIsDropped(t *testing.T) {
 	require.NoError(t, err)
 	require.Equal(t, inbox.Executed, outs[0].Disposition)
 
-	// DoEach: its claim writes the key's row, refused.
+	// DoEach: its claims only lock and read, so the handler's write is the
+	// first refused: the request fails.
 	each := func(ctx context.Context, tx pgx.Tx, i int) (inbox.Result, error) {
 		_, err := tx.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ('each', 1)`)
 		return inbox.Result{}, err
 	}
 	pid = readOnly()
-	_, err = b.ledger.DoEach(ctx, []inbox.Request{req("ro", "d")}, inbox.EachOptions{}, each)
-	requireRefused(err, pid)
 	run, err := b.ledger.DoEach(ctx, []inbox.Request{req("ro", "d")}, inbox.EachOptions{}, each)
+	require.NoError(t, err)
+	require.Len(t, run.Outcomes, 1)
+	requireRefused(run.Failed, pid)
+	run, err = b.ledger.DoEach(ctx, []inbox.Request{req("ro", "d")}, inbox.EachOptions{}, each)
 	require.NoError(t, err)
 	require.NoError(t, run.Failed)
 	require.Equal(t, inbox.Executed, run.Outcomes[0].Disposition)
+
+	// DoEach: the handlers write nothing; the rows, written with the
+	// commit, are refused.
+	eachNone := func(context.Context, pgx.Tx, int) (inbox.Result, error) { return inbox.Result{}, nil }
+	pid = readOnly()
+	_, err = b.ledger.DoEach(ctx, []inbox.Request{req("ro", "e"), req("ro", "f")}, inbox.EachOptions{}, eachNone)
+	requireRefused(err, pid)
+	run, err = b.ledger.DoEach(ctx, []inbox.Request{req("ro", "e"), req("ro", "f")}, inbox.EachOptions{}, eachNone)
+	require.NoError(t, err)
+	require.NoError(t, run.Failed)
+	require.Equal(t, inbox.Executed, run.Outcomes[1].Disposition)
 	require.Equal(t, 3, b.pg.Count(t, `SELECT count(*) FROM payments`))
 }
 

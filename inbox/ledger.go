@@ -104,7 +104,17 @@ type Ledger struct {
 	store *storeSlot
 	fast  *redisFront // nil without Redis
 	stats counters
+	// savepointsOnly makes every DoEach run on savepoints (no optimistic
+	// path), for benchmarks comparing the two.
+	savepointsOnly bool
 }
+
+// measureSavepointsOnly, when set at link time, makes every ledger run
+// DoEach on savepoints only (no optimistic path), to measure a front with
+// and without it:
+//
+//	go test -ldflags '-X github.com/justonce/justonce/inbox.measureSavepointsOnly=1' ...
+var measureSavepointsOnly string
 
 // New returns a Ledger on pool. The schema must be migrated
 // (migrations.Migrator); New does not touch the database.
@@ -115,7 +125,7 @@ func New(pool *pgxpool.Pool, cfg Config) (*Ledger, error) {
 	if err := cfg.setDefaults(); err != nil {
 		return nil, err
 	}
-	l := &Ledger{pool: pool, cfg: cfg, store: newStoreSlot(cfg.Schema)}
+	l := &Ledger{pool: pool, cfg: cfg, store: newStoreSlot(cfg.Schema), savepointsOnly: measureSavepointsOnly != ""}
 	if cfg.Redis != nil {
 		l.fast = newRedisFront(*cfg.Redis, cfg.Logger, &l.stats)
 	}

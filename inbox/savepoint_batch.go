@@ -8,13 +8,17 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/redis/go-redis/v9"
 )
 
-// EachFunc runs the handler of reqs[i] of a DoEach run, inside that
-// request's own savepoint of the run's transaction. Its writes through tx
-// commit with the run, or are rolled back alone when it fails. It must not
-// commit or roll back tx, nor end the savepoint.
+// EachFunc runs the handler of reqs[i] of a DoEach run on the run's
+// transaction. Its writes through tx commit with the run, or, when it
+// fails, are rolled back without those of the requests before it. It must
+// not commit or roll back tx. Within one DoEach call it may be called
+// again for the same i: a request's first run goes with the run's
+// optimistic transaction when a later request's handler fails (see
+// DoEach).
 type EachFunc func(ctx context.Context, tx pgx.Tx, i int) (Result, error)
 
 // EachOptions bound a DoEach run.
@@ -35,29 +39,46 @@ type EachRun struct {
 	// handler failed, and its Outcome is the zero Outcome.
 	Outcomes []Outcome
 	// Failed is the error of the last decided request's handler (returned,
-	// or ErrRolledBack when it returned nil on a failed statement): its
-	// savepoint was rolled back, so neither its claim nor its writes are
-	// recorded, and the requests before it committed.
+	// or ErrRolledBack when it returned nil on a failed statement): neither
+	// its claim nor its writes are recorded, and the requests before it
+	// committed.
 	Failed error
 }
 
 // DoEach runs requests that must be decided in order in one transaction,
-// each in its own savepoint: for each request, in order,
+// with one COMMIT for all, as if each ran in a savepoint of its own: a
+// request whose handler fails is rolled back alone, and the requests
+// before it commit.
+//
+// It goes the optimistic way first (on the plain layout):
+//
+//	BEGIN; lock every key; look every key up   -- one round trip
+//	fn(ctx, tx, i) for each new key, in order  -- the handlers' own
+//	INSERT the new keys' rows; COMMIT          -- one round trip
+//
+// A request whose key is not new is answered (Duplicate, Mismatch) from
+// its row, without a handler. A key repeated within reqs is claimed once;
+// its later copies answer like a duplicate of the first. When the
+// optimistic way cannot decide the run as savepoints would (a key held
+// elsewhere, a row to take over, a row written without its key's lock),
+// it rolls back before anything is recorded and the run is made on
+// savepoints:
 //
 //	SAVEPOINT; claim; fn(ctx, tx, i); RELEASE SAVEPOINT
 //
-// with the SAVEPOINT and the claim in one round trip (with the previous
-// request's RELEASE, and the first with BEGIN), then one COMMIT for all,
-// with the results. A request whose key is not new is answered (Duplicate,
-// Mismatch, InFlight) with its savepoint rolled back, which also frees the
-// key's lock at once. A key repeated within reqs is claimed once; its later
-// copies answer like a duplicate of the first.
+// for each request, the SAVEPOINT and the claim in one round trip (with
+// the previous request's RELEASE, and the first with BEGIN). The
+// time-bucket layout makes every run this way.
 //
 // The run stops, and commits what ran before, at the first request that
 // is not done: one whose handler failed (returned an error, or nil on an
-// aborted savepoint: its savepoint is rolled back and EachRun.Failed says
-// why) or one held InFlight elsewhere. It also starts no request after
-// opts.MaxTime or once opts.Stop is closed. The caller decides what comes next for the request that
+// aborted transaction; EachRun.Failed says why) or one held InFlight
+// elsewhere. A handler that fails on the optimistic way takes the run's
+// transaction with it: the requests before it are run again on savepoints
+// and commit, so their handlers are called twice (their first run rolled
+// back), and the failed request is reported with the error of its one
+// run. The run also starts no request after opts.MaxTime or once opts.Stop
+// is closed. The caller decides what comes next for the request that
 // stopped the run and for the ones after it: nothing about them is
 // recorded.
 //
@@ -66,7 +87,8 @@ type EachRun struct {
 // database was unavailable (IsTransient), a deferred constraint failed at
 // COMMIT, or a handler ended the transaction or broke its connection
 // (which savepoints cannot contain). Run the requests one by one with Do
-// then, so that a hostile handler is isolated.
+// then, so that a hostile handler is isolated. A handler's panic rolls
+// the run back and is re-raised.
 //
 // With Config.Redis, the run first asks Redis about every key in one
 // pipelined call: cached keys are answered from the cache (their
@@ -99,7 +121,7 @@ func (l *Ledger) DoEach(ctx context.Context, reqs []Request, opts EachOptions, f
 			return EachRun{}, storeErr("claim", err)
 		}
 	}
-	r := &eachRun{l: l, s: s, reqs: reqs, opts: opts, fn: fn, start: time.Now()}
+	r := &eachRun{l: l, s: s, reqs: reqs, limit: len(reqs), opts: opts, fn: fn, start: time.Now()}
 	// Copies of a key: a scan rather than a map, for batches of tens.
 	r.first = make([]int, len(reqs))
 	for i, q := range reqs {
@@ -117,7 +139,7 @@ func (l *Ledger) DoEach(ctx context.Context, reqs []Request, opts EachOptions, f
 		}
 		defer r.finish(ctx)
 	}
-	run, err := r.run(ctx)
+	run, err := r.decide(ctx)
 	if err != nil {
 		for _, q := range reqs {
 			l.observe(q, Outcome{}, err)
@@ -139,6 +161,7 @@ type eachRun struct {
 	l     *Ledger
 	s     ledgerStore
 	reqs  []Request
+	limit int // the savepoint path decides reqs[:limit] at most
 	opts  EachOptions
 	fn    EachFunc
 	start time.Time
@@ -151,6 +174,35 @@ type eachRun struct {
 	stopLocks func()
 	outs      []Outcome // what was decided, for the cache
 	committed bool
+}
+
+// decide runs the requests: on the optimistic path first where the
+// layout allows it (optimistic_batch.go), and on savepoints (run) for
+// what that path leaves undecided.
+func (r *eachRun) decide(ctx context.Context) (EachRun, error) {
+	if !r.s.claimsRunUpFront() || r.l.savepointsOnly {
+		return r.run(ctx)
+	}
+	run, o, err := r.optimistic(ctx)
+	switch {
+	case err != nil || o.end == optimisticDone:
+		return run, err
+	case o.end == optimisticRetry:
+		return r.run(ctx)
+	}
+	// The handler of reqs[o.failedAt] failed, and the transaction went
+	// with it: decide the requests before it on savepoints, then report
+	// its failure, unless the savepoint path ended the run before it.
+	if o.failedAt > 0 {
+		r.limit = o.failedAt
+		if run, err = r.run(ctx); err != nil || run.Failed != nil || len(run.Outcomes) < o.failedAt ||
+			(len(run.Outcomes) > 0 && run.Outcomes[len(run.Outcomes)-1].Disposition == InFlight) {
+			return run, err
+		}
+	}
+	run.Outcomes = append(run.Outcomes, Outcome{})
+	run.Failed = o.failed
+	return run, nil
 }
 
 // over reports whether the run may start no further request.
@@ -197,7 +249,7 @@ func (r *eachRun) run(ctx context.Context) (run EachRun, err error) {
 	}()
 	var pending []string // statements to send with the next round trip
 	stop := false
-	for i := 0; i < len(r.reqs) && !stop; i++ {
+	for i := 0; i < r.limit && !stop; i++ {
 		if i > 0 && (r.over() || ctx.Err() != nil) {
 			break
 		}
@@ -261,22 +313,9 @@ func (r *eachRun) run(ctx context.Context) (run EachRun, err error) {
 
 		res, err := r.fn(WithEvent(ctx, req.Key), tx, i)
 		pgc := conn.PgConn()
-		if pgc.IsClosed() {
-			// The handler broke the connection: the transaction is gone.
+		if werr := runGone(pgc, err); werr != nil {
 			panicked = false
-			if err == nil {
-				err = errors.New("connection closed")
-			}
-			if !errors.As(err, new(*StoreError)) {
-				err = &StoreError{Op: "handler", Err: err}
-			}
-			return EachRun{}, err
-		}
-		if pgc.TxStatus() == 'I' {
-			// The handler ended the transaction (a raw COMMIT or
-			// ROLLBACK): what ran before it is not known to be either.
-			panicked = false
-			return EachRun{}, &RolledBackError{Op: "handler"}
+			return EachRun{}, werr
 		}
 		if err = handlerErr(pgc, err); err != nil {
 			// Roll this request back alone, and stop: the ones before it
@@ -338,6 +377,26 @@ func (r *eachRun) run(ctx context.Context) (run EachRun, err error) {
 	r.outs = outs
 	r.committed = true
 	return EachRun{Outcomes: outs, Failed: failed}, nil
+}
+
+// runGone returns the run's error when a handler (which returned err)
+// took the run's transaction with it: it broke the connection, or it ended
+// the transaction (a raw COMMIT or ROLLBACK: what ran before it is not
+// known to be either). Nil: the transaction is still there.
+func runGone(pgc *pgconn.PgConn, err error) error {
+	switch {
+	case pgc.IsClosed():
+		if err == nil {
+			err = errors.New("connection closed")
+		}
+		if !errors.As(err, new(*StoreError)) {
+			err = &StoreError{Op: "handler", Err: err}
+		}
+		return err
+	case pgc.TxStatus() == 'I':
+		return &RolledBackError{Op: "handler"}
+	}
+	return nil
 }
 
 func countTrue(bs []bool) int {

@@ -40,9 +40,13 @@ func payEach(t *testing.T, rs []inbox.Request, xids []int64, ran *atomic.Int64) 
 	}
 }
 
-// Hostile handlers inside a run: each is rolled back alone in its
-// savepoint, the requests before it commit in the same transaction, and
-// the run ends at it.
+// Hostile handlers inside a run: each failure is its request's alone. The
+// run ends at it, its write and its claim are rolled back, the requests
+// before it commit in one transaction, and the ones after it do not start.
+// The run goes first the optimistic way (no savepoint per request), so
+// the failure takes that transaction with it: the requests before it run
+// again on savepoints and commit, and the failing handler is not called a
+// second time for the one failure reported.
 func TestDoEachIsolatesAFailingHandlerInItsSavepoint(t *testing.T) {
 	t.Parallel()
 	for _, tc := range []struct {
@@ -73,36 +77,44 @@ func TestDoEachIsolatesAFailingHandlerInItsSavepoint(t *testing.T) {
 			b := setup(t, inbox.Config{})
 			ctx := context.Background()
 			rs := reqs("orders", "a", "b", "bad", "c")
-			xids := make([]int64, len(rs))
+			// The transaction of each call of each request's handler.
+			xids := make([][]int64, len(rs))
 			var ran atomic.Int64
-			good := payEach(t, rs, xids, &ran)
 			run, err := b.ledger.DoEach(ctx, rs, inbox.EachOptions{}, func(ctx context.Context, tx pgx.Tx, i int) (inbox.Result, error) {
+				ran.Add(1)
+				var xid int64
+				if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&xid); err != nil {
+					return inbox.Result{}, err
+				}
+				xids[i] = append(xids[i], xid)
 				if rs[i].ID == "bad" {
-					ran.Add(1)
-					if err := tx.QueryRow(ctx, `SELECT txid_current()`).Scan(&xids[i]); err != nil {
-						return inbox.Result{}, err
-					}
 					return inbox.Result{}, tc.bad(ctx, tx)
 				}
-				return good(ctx, tx, i)
+				_, err := tx.Exec(ctx, `INSERT INTO payments (id, amount) VALUES ($1, 100)`, rs[i].ID)
+				return inbox.Result{Code: 201, Body: []byte(rs[i].ID)}, err
 			})
 			require.NoError(t, err)
 			require.Len(t, run.Outcomes, 3, "the run ended at the failing request")
 			tc.check(t, run.Failed)
 			require.Equal(t, inbox.Executed, run.Outcomes[0].Disposition)
 			require.Equal(t, inbox.Executed, run.Outcomes[1].Disposition)
-			require.Equal(t, xids[0], xids[1], "a and b ran in one transaction")
-			require.Equal(t, xids[0], xids[2], "the failing one ran in it too")
-			require.EqualValues(t, 3, ran.Load(), "c did not start")
-			require.Equal(t, 2, b.pg.Count(t, `SELECT count(*) FROM payments`), "a and b committed, bad's write rolled back")
+			require.Len(t, xids[2], 1, "one failure, one call of the failing handler")
+			require.Empty(t, xids[3], "c did not start")
+			require.Len(t, xids[0], 2, "a ran optimistically, then again on savepoints")
+			require.Len(t, xids[1], 2, "b too")
+			require.Equal(t, []int64{xids[0][0], xids[0][0]}, []int64{xids[1][0], xids[2][0]}, "a, b and bad ran in one transaction first")
+			require.Equal(t, xids[0][1], xids[1][1], "a and b then committed in one transaction")
+			require.NotEqual(t, xids[0][0], xids[0][1])
+			require.Equal(t, 2, b.pg.Count(t, `SELECT count(*) FROM payments`), "a and b committed once, bad's write rolled back")
 			require.Equal(t, 2, b.pg.Count(t, `SELECT count(*) FROM processed_events`), "bad's claim rolled back")
 
-			// bad's key is free at once (its lock went with its savepoint).
+			// bad's key is free at once (its lock went with the transaction).
 			out, err := b.ledger.Do(ctx, req("orders", "bad"), pay("bad", nil))
 			require.NoError(t, err)
 			require.Equal(t, inbox.Executed, out.Disposition)
 			// Duplicates within and across runs, and a copy in one run.
 			rs2 := reqs("orders", "a", "c", "c", "d")
+			before := ran.Load()
 			run, err = b.ledger.DoEach(ctx, rs2, inbox.EachOptions{}, payEach(t, rs2, make([]int64, 4), &ran))
 			require.NoError(t, err)
 			require.Nil(t, run.Failed)
@@ -113,15 +125,16 @@ func TestDoEachIsolatesAFailingHandlerInItsSavepoint(t *testing.T) {
 			require.Equal(t, []inbox.Disposition{inbox.Duplicate, inbox.Executed, inbox.Duplicate, inbox.Executed}, got)
 			require.Equal(t, []byte("a"), run.Outcomes[0].Result.Body, "the stored result")
 			require.Equal(t, []byte("c"), run.Outcomes[2].Result.Body, "the copy answers with its first's result")
-			require.EqualValues(t, 5, ran.Load())
+			require.EqualValues(t, 2, ran.Load()-before, "c and d ran, once each")
 		})
 	}
 }
 
 // A panic in a handler rolls the whole run back and is re-raised; a
 // deferred constraint failing at COMMIT fails the run as a whole (it
-// cannot be pinned on one savepoint), not transient; a handler that ends
-// the transaction fails it too.
+// cannot be pinned on one request), not transient; a handler's ROLLBACK
+// is refused, and a handler that ends the transaction past the ledger
+// fails the run as a whole.
 func TestDoEachWholeRunFailures(t *testing.T) {
 	t.Parallel()
 	b := setup(t, inbox.Config{})
@@ -156,17 +169,35 @@ func TestDoEachWholeRunFailures(t *testing.T) {
 	require.False(t, inbox.IsTransient(err), "a deferred constraint is the handlers' fault")
 	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE scope = 'd'`))
 
+	// A ROLLBACK through the handler's transaction is refused (the ledger
+	// owns it): the handler fails alone.
 	rs = reqs("e", "a", "ender", "c")
 	good = payEach(t, rs, make([]int64, 3), &ran)
-	_, err = b.ledger.DoEach(ctx, rs, inbox.EachOptions{}, func(ctx context.Context, tx pgx.Tx, i int) (inbox.Result, error) {
+	run, err := b.ledger.DoEach(ctx, rs, inbox.EachOptions{}, func(ctx context.Context, tx pgx.Tx, i int) (inbox.Result, error) {
 		if i == 1 {
 			_, err := tx.Exec(ctx, `ROLLBACK`)
 			return inbox.Result{}, err
 		}
 		return good(ctx, tx, i)
 	})
+	require.NoError(t, err)
+	require.ErrorIs(t, run.Failed, inbox.ErrTxOwned)
+	require.Len(t, run.Outcomes, 2)
+	require.Equal(t, 1, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE scope = 'e'`))
+
+	// Ending it past the ledger (on the raw connection) fails the run as a
+	// whole.
+	rs = reqs("e2", "a2", "ender2", "c2")
+	good = payEach(t, rs, make([]int64, 3), &ran)
+	_, err = b.ledger.DoEach(ctx, rs, inbox.EachOptions{}, func(ctx context.Context, tx pgx.Tx, i int) (inbox.Result, error) {
+		if i == 1 {
+			_, err := tx.Conn().Exec(ctx, `ROLLBACK`)
+			return inbox.Result{}, err
+		}
+		return good(ctx, tx, i)
+	})
 	require.ErrorIs(t, err, inbox.ErrRolledBack)
-	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE scope = 'e'`))
+	require.Zero(t, b.pg.Count(t, `SELECT count(*) FROM processed_events WHERE scope = 'e2'`))
 
 	// The ledger still works on the same pool.
 	out, err := b.ledger.Do(ctx, req("p", "boom"), pay("boom", nil))

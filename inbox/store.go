@@ -81,6 +81,12 @@ type ledgerStore interface {
 	// back.
 	claimInRun(ctx context.Context, conn *pgx.Conn, b *pgx.Batch, p claimParams, c *claimedScan) (claimRow, error)
 
+	// claimsRunUpFront reports whether DoEach may claim a run's keys up
+	// front, with queueLockMany, and write their rows with insertMany at
+	// the commit (the optimistic path, see optimistic_batch.go); false:
+	// every run claims each request in its savepoint (claimInRun).
+	claimsRunUpFront() bool
+
 	// claimInSavepoint claims one key inside a savepoint of the caller's
 	// transaction (DoTx). When the key is not claimed the savepoint is
 	// rolled back, which also releases the key's lock, and the row is
@@ -212,13 +218,15 @@ type (
 		token  int64
 	}
 	// insertManyParams: the rows of reqs[i] for i in idx, with their
-	// results (nil: none) and each one's run time.
+	// results (nil: none) and their run time: took for each, or, when
+	// tooks is set, tooks[j] for reqs[idx[j]].
 	insertManyParams struct {
 		reqs    []Request
 		idx     []int
 		results []Result
 		ttl     func(Request) time.Duration
 		took    time.Duration
+		tooks   []time.Duration
 	}
 )
 
@@ -977,6 +985,9 @@ func insertManyArgs(p insertManyParams) ([]any, error) {
 		scopes[j], tenants[j], ids[j] = r.Scope, r.Tenant, r.ID
 		fps[j], sources[j], principals[j] = r.Fingerprint, string(r.Source), r.Principal
 		durs[j], ttls[j] = p.took.Microseconds(), p.ttl(r).Microseconds()
+		if p.tooks != nil {
+			durs[j] = p.tooks[j].Microseconds()
+		}
 		if p.results == nil {
 			continue
 		}

@@ -229,6 +229,13 @@ func (s *bucketStore) purge(ctx context.Context, pool *pgxpool.Pool, _ int) (n i
 	return n, false, locked, err
 }
 
+// claimsRunUpFront: on the time-bucket layout every DoEach run claims
+// each request in its savepoint (claimInRun), whose statements name each
+// shard's buckets from the view and which take in a bucket opened while
+// the run goes on; an INSERT at the commit would meet the session's list
+// of partitions as it was when the run took its first locks.
+func (s *bucketStore) claimsRunUpFront() bool { return false }
+
 // claimInRun is DoEach's claim on the time-bucket layout, inside the
 // savepoint justonce_each that b (not yet sent) opens, in one round trip
 // for a new key: the key's lock (recorded in a transaction-local setting),

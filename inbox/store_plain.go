@@ -105,9 +105,16 @@ SELECT u.ord, false, ` + rows.cols("e") + `
 	// DoBatch's lock, look-up and INSERT: Do's for every key at once.
 	s.lockManySQL = r.Replace(`SELECT array_agg(pg_try_advisory_xact_lock(u.k # {OID}) ORDER BY u.o), now()
 		FROM unnest($1::bigint[]) WITH ORDINALITY AS u(k, o)`)
+	// The look-up probes the primary key once per key: the probe is kept
+	// apart (OFFSET 0) so that Postgres runs it as a nested loop whatever
+	// it thinks of the table's size. A join it may flatten gets, from a
+	// table that was small when the statement was first planned, a hash
+	// join over a scan of the whole table, and keeps that plan as the
+	// table grows.
 	s.lookupManySQL = r.Replace(`SELECT u.ord, ` + rows.cols("e") + `
 		FROM unnest($1::text[], $2::text[], $3::text[]) WITH ORDINALITY AS u(scope, tenant, event_id, ord)
-		JOIN {T} e ON e.scope = u.scope AND e.tenant = u.tenant AND e.event_id = u.event_id`)
+		CROSS JOIN LATERAL (SELECT * FROM {T} e WHERE e.scope = u.scope AND e.tenant = u.tenant
+			AND e.event_id = u.event_id OFFSET 0) e`)
 	s.insertManySQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
 		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at)
 	SELECT u.scope, u.tenant, u.event_id, 'done', u.fingerprint, u.source, u.principal,
@@ -175,6 +182,10 @@ func (s *plainStore) takeOverMany(ctx context.Context, conn *pgx.Conn, reqs []Re
 func (s *plainStore) insertMany(p insertManyParams) (queuedStmt, error) {
 	return insertManyWith(s.insertManySQL, p)
 }
+
+// claimsRunUpFront: a run's keys are locked and looked up together, and
+// their rows written by one INSERT with the commit, as DoBatch's.
+func (s *plainStore) claimsRunUpFront() bool { return true }
 
 // claimInRun: the claim statement in the round trip b opens; a key not
 // claimed then frees its lock and reads its row, in a second.

@@ -1,8 +1,13 @@
-// Command peers measures justonce's Kafka consumer beside what a user would
-// use instead, on the same broker, the same Postgres and the same handler
-// (one business row per event, 20 % duplicate deliveries):
+// Command peers measures justonce's consumers beside what a user would use
+// instead, on the same broker, the same Postgres and the same handler (one
+// business row per event, 20 % duplicate deliveries), in two tables.
 //
-//   - justonce: kafkainbox.Consumer with its defaults;
+// Kafka:
+//
+//   - justonce: kafkainbox.Consumer (segmentio/kafka-go) with its defaults;
+//   - justonce, franz-go: franzinbox.Consumer with its defaults;
+//   - justonce, BatchSize 1: kafkainbox with batching off (one message, one
+//     transaction), to show what batching brings;
 //   - a hand-written inbox: INSERT the key as 'processing', run the
 //     handler, UPDATE it to 'done', in one transaction, on a plain kafka-go
 //     group reader;
@@ -11,12 +16,22 @@
 //     Postgres table, the effect in the subscriber's transaction) with the
 //     Deduplicator.
 //
+// NATS JetStream (an embedded server, or PEERS_NATS_URL):
+//
+//   - justonce, JetStream: natsinbox.Consumer with its defaults;
+//   - the hand-written inbox on a JetStream pull consumer;
+//   - Watermill's NATS subscriber in JetStream mode with the Deduplicator.
+//
 // Each peer consumes the same pre-produced stream in a child process. The
 // throughput phase times the stream from the first effect to the last
-// (database timestamps, so group joins are not counted); the crash phase
-// SIGKILLs the child once mid-stream (after some but not all effects),
-// restarts it, and counts the effects against the unique event IDs: lost =
-// IDs without an effect, doubled = effects beyond one per ID.
+// (database timestamps, so group joins are not counted), and counts what
+// each event cost: round trips and statements to Postgres, the consumer's
+// CPU time and its Postgres backends' (when Postgres runs on this
+// machine); the crash phase SIGKILLs the child once mid-stream (after some
+// but not all effects), restarts it, and counts the effects against the
+// unique event IDs: lost = IDs without an effect, doubled = effects beyond
+// one per ID; the failure phase makes the first attempt of one ID in 250
+// fail.
 //
 //	go run . -events 20000
 //
@@ -24,8 +39,10 @@
 // JUSTONCE_TEST_KAFKA_BROKERS, or the repository's .services.env that
 // `make services-up` writes. PEERS_EVENTS, PEERS_PARTITIONS and
 // PEERS_ROUNDS set the defaults of -events, -partitions and -rounds.
+// PEERS_PROFILE_DIR, when set, makes each throughput child write a CPU
+// profile there (<peer>-<round>.pprof).
 //
-// Besides the table it prints, a run writes its results, with a header
+// Besides the tables it prints, a run writes its results, with a header
 // that says where they come from (date, commit, machine, load average, Go,
 // command and knobs), to docs/results/peers.md at the repository root; a
 // run below the default -events or with a subset of the peers writes
@@ -38,6 +55,7 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -49,7 +67,6 @@ import (
 	"strconv"
 	"strings"
 	"syscall"
-	"text/tabwriter"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -68,10 +85,14 @@ type options struct {
 	seed       uint64
 	peers      []string
 	timeout    time.Duration
-	keep       bool
+	// faults: run the crash and failure phases after the throughput
+	// rounds (-faults=false: throughput only, for profiling).
+	faults bool
+	keep   bool
 
 	pgURL   string
 	brokers []string
+	natsURL string
 }
 
 func main() {
@@ -80,15 +101,16 @@ func main() {
 		os.Exit(1)
 	}
 	var o options
-	var peers string
+	var peerList string
 	flag.IntVar(&o.events, "events", envInt("PEERS_EVENTS", defaultEvents), "events per peer and phase (duplicates included)")
 	flag.IntVar(&o.dupPercent, "dup", 20, "percent of the events that are duplicates")
 	flag.IntVar(&o.partitions, "partitions", envInt("PEERS_PARTITIONS", 4), "partitions of each Kafka topic")
 	flag.IntVar(&o.rounds, "rounds", envInt("PEERS_ROUNDS", 1), "throughput rounds per peer (the median is reported)")
 	flag.Float64Var(&o.killAt, "kill-at", 0.3, "SIGKILL the consumer once this fraction of the unique events has its effect")
 	flag.Uint64Var(&o.seed, "seed", 1, "seed of the workload (the same stream for every peer)")
-	flag.StringVar(&peers, "peers", strings.Join(slugs(), ","), "peers to run")
+	flag.StringVar(&peerList, "peers", strings.Join(slugs(), ","), "peers to run")
 	flag.DurationVar(&o.timeout, "timeout", 5*time.Minute, "longest wait of one phase of one peer")
+	flag.BoolVar(&o.faults, "faults", true, "run the crash and failure phases (false: the throughput rounds only)")
 	flag.BoolVar(&o.keep, "keep", false, "keep the schemas and topics")
 	flag.Parse()
 	if isChild() {
@@ -101,7 +123,7 @@ func main() {
 	if o.pgURL, o.brokers, err = services(); err != nil {
 		log(err)
 	}
-	o.peers = strings.Split(peers, ",")
+	o.peers = strings.Split(peerList, ",")
 	if o.events < 100 || o.partitions < 1 || o.rounds < 1 || o.killAt <= 0 || o.killAt >= 1 || o.dupPercent < 0 || o.dupPercent > 50 {
 		log(errors.New("need -events >= 100, -partitions >= 1, -rounds >= 1, 0 < -kill-at < 1, 0 <= -dup <= 50"))
 	}
@@ -114,8 +136,8 @@ func main() {
 
 func slugs() []string {
 	var s []string
-	for _, p := range peerNames {
-		s = append(s, peerSlug[p])
+	for _, p := range peers {
+		s = append(s, p.slug)
 	}
 	return s
 }
@@ -159,16 +181,19 @@ func services() (pgURL string, brokers []string, err error) {
 	return pgURL, strings.Split(kafkaAddr, ","), nil
 }
 
-func openPool(ctx context.Context, pgURL, schema string, maxConns int32) (*pgxpool.Pool, error) {
+// poolConfig is the configuration of a pool on schema: its search_path,
+// and its application name (the consumers' backends are found by it).
+func poolConfig(pgURL, schema string, maxConns int32) (*pgxpool.Config, error) {
 	cfg, err := pgxpool.ParseConfig(pgURL)
 	if err != nil {
 		return nil, err
 	}
 	cfg.ConnConfig.RuntimeParams["search_path"] = schema
+	cfg.ConnConfig.RuntimeParams["application_name"] = schema
 	if maxConns > 0 {
 		cfg.MaxConns = maxConns
 	}
-	return pgxpool.NewWithConfig(ctx, cfg)
+	return cfg, nil
 }
 
 // A consumer process is this program (or its test binary) started with
@@ -183,31 +208,42 @@ func runChild() error {
 		return err
 	}
 	name := os.Getenv("PEERS_NAME")
-	pool, err := openPool(ctx, pgURL, name, 0)
+	cfg, err := poolConfig(pgURL, name, 0)
+	if err != nil {
+		return err
+	}
+	finish, err := childInstruments(cfg)
+	if err != nil {
+		return err
+	}
+	defer finish()
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
 	topic := strings.ReplaceAll(name, "_", "-")
 	fail := &failOnce{on: os.Getenv("PEERS_FAIL") != "", failed: map[string]bool{}}
-	return consume(ctx, childArgs{peer: os.Getenv("PEERS_CHILD"), topic: topic, group: topic, brokers: brokers, pool: pool, fail: fail})
+	return consume(ctx, childArgs{peer: os.Getenv("PEERS_CHILD"), topic: topic, group: topic, brokers: brokers,
+		natsURL: os.Getenv("PEERS_NATS_URL"), pool: pool, fail: fail})
 }
 
-// lane is one peer's setup for one phase: its schema, topic and group.
+// lane is one peer's setup for one phase: its schema, topic (or stream)
+// and group (or durable).
 type lane struct {
-	o          options
-	peer, slug string
-	name       string // schema, topic and group
-	pool       *pgxpool.Pool
-	unique     int
-	cmd        *exec.Cmd
-	exited     chan error
-	env        []string // extra environment of the consumer
+	o      options
+	p      peer
+	name   string // schema, topic and group
+	pool   *pgxpool.Pool
+	unique int
+	cmd    *exec.Cmd
+	exited chan error
+	env    []string // extra environment of the consumer
 }
 
-func newLane(ctx context.Context, o options, runID, peer, phase string, events []event, unique int) (*lane, error) {
-	l := &lane{o: o, peer: peer, slug: peerSlug[peer], unique: unique}
-	l.name = fmt.Sprintf("peers_%s_%s_%s", runID, l.slug, phase)
+func newLane(ctx context.Context, o options, runID string, p peer, phase string, events []event, unique int) (*lane, error) {
+	l := &lane{o: o, p: p, unique: unique}
+	l.name = fmt.Sprintf("peers_%s_%s_%s", runID, p.slug, phase)
 	admin, err := pgx.Connect(ctx, o.pgURL)
 	if err != nil {
 		return nil, err
@@ -216,7 +252,12 @@ func newLane(ctx context.Context, o options, runID, peer, phase string, events [
 	if _, err := admin.Exec(ctx, "CREATE SCHEMA "+pgx.Identifier{l.name}.Sanitize()); err != nil {
 		return nil, err
 	}
-	if l.pool, err = openPool(ctx, o.pgURL, l.name, 4); err != nil {
+	cfg, err := poolConfig(o.pgURL, l.name, 4)
+	if err != nil {
+		return nil, err
+	}
+	cfg.ConnConfig.RuntimeParams["application_name"] = "peers orchestrator"
+	if l.pool, err = pgxpool.NewWithConfig(ctx, cfg); err != nil {
 		return nil, err
 	}
 	if _, err := l.pool.Exec(ctx, `
@@ -232,8 +273,11 @@ func newLane(ctx context.Context, o options, runID, peer, phase string, events [
 	if _, err := migrations.New(l.pool, migrations.Config{Schema: l.name}).Up(ctx); err != nil {
 		return nil, err
 	}
-	if l.slug == "watermillsql" {
+	switch p.broker {
+	case brokerSQL:
 		return l, produceSQL(ctx, l.pool, l.topic(), events)
+	case brokerNATS:
+		return l, produceNATS(ctx, o.natsURL, l.topic(), events)
 	}
 	if err := createTopic(o.brokers, l.topic(), o.partitions); err != nil {
 		return nil, err
@@ -249,7 +293,7 @@ func (l *lane) start() error {
 		return err
 	}
 	l.cmd = exec.Command(exe)
-	l.cmd.Env = append(os.Environ(), "PEERS_CHILD="+l.slug, "PEERS_NAME="+l.name,
+	l.cmd.Env = append(os.Environ(), "PEERS_CHILD="+l.p.slug, "PEERS_NAME="+l.name, "PEERS_NATS_URL="+l.o.natsURL,
 		"JUSTONCE_TEST_POSTGRES_URL="+l.o.pgURL, "JUSTONCE_TEST_KAFKA_BROKERS="+strings.Join(l.o.brokers, ","))
 	l.cmd.Env = append(l.cmd.Env, l.env...)
 	l.cmd.Stdout, l.cmd.Stderr = os.Stderr, os.Stderr
@@ -275,7 +319,7 @@ func (l *lane) stop() error {
 		return err
 	case <-time.After(time.Minute):
 		l.kill()
-		return fmt.Errorf("%s: did not stop within a minute of SIGTERM; killed", l.peer)
+		return fmt.Errorf("%s: did not stop within a minute of SIGTERM; killed", l.p.name)
 	}
 }
 
@@ -284,9 +328,9 @@ func (l *lane) counts(ctx context.Context) (total, distinct int, err error) {
 	return total, distinct, err
 }
 
-// waitFor polls the effects until cond holds, the child exits, or the
-// phase's deadline passes.
-func (l *lane) waitFor(ctx context.Context, what string, cond func(total, distinct int) bool) error {
+// waitFor looks at the effects every so often until cond holds, the
+// child exits, or the phase's deadline passes.
+func (l *lane) waitFor(ctx context.Context, what string, every time.Duration, cond func(total, distinct int) bool) error {
 	deadline := time.Now().Add(l.o.timeout)
 	for {
 		total, distinct, err := l.counts(ctx)
@@ -299,13 +343,13 @@ func (l *lane) waitFor(ctx context.Context, what string, cond func(total, distin
 		select {
 		case err := <-l.exited:
 			l.exited <- err
-			return fmt.Errorf("%s: consumer exited (%v) before %s (%d effects, %d IDs)", l.peer, err, what, total, distinct)
+			return fmt.Errorf("%s: consumer exited (%v) before %s (%d effects, %d IDs)", l.p.name, err, what, total, distinct)
 		case <-ctx.Done():
 			return ctx.Err()
-		case <-time.After(50 * time.Millisecond):
+		case <-time.After(every):
 		}
 		if time.Now().After(deadline) {
-			return fmt.Errorf("%s: no %s after %v (%d effects, %d of %d IDs)", l.peer, what, l.o.timeout, total, distinct, l.unique)
+			return fmt.Errorf("%s: no %s after %v (%d effects, %d of %d IDs)", l.p.name, what, l.o.timeout, total, distinct, l.unique)
 		}
 	}
 }
@@ -353,44 +397,80 @@ func (l *lane) cleanUp(ctx context.Context) {
 		_, _ = admin.Exec(ctx, "DROP SCHEMA IF EXISTS "+pgx.Identifier{l.name}.Sanitize()+" CASCADE")
 		_ = admin.Close(ctx)
 	}
-	if l.slug != "watermillsql" {
+	switch l.p.broker {
+	case brokerKafka:
 		if conn, err := kafka.Dial("tcp", l.o.brokers[0]); err == nil {
 			_ = conn.DeleteTopics(l.topic())
 			_ = conn.Close()
 		}
+	case brokerNATS:
+		deleteStream(ctx, l.o.natsURL, l.topic())
 	}
 }
 
 // throughput runs one peer over the whole stream and returns events/s over
-// the span from its first effect to its last.
-func throughput(ctx context.Context, o options, runID string, round int, peer string, events []event, unique int) (float64, error) {
-	l, err := newLane(ctx, o, runID, peer, "t"+strconv.Itoa(round), events, unique)
+// the span from its first effect to its last, and what the events cost.
+func throughput(ctx context.Context, o options, runID string, round int, p peer, events []event, unique int) (float64, cost, error) {
+	var c cost
+	l, err := newLane(ctx, o, runID, p, "t"+strconv.Itoa(round), events, unique)
 	if l != nil {
 		defer l.cleanUp(context.WithoutCancel(ctx))
 	}
 	if err != nil {
-		return 0, err
+		return 0, c, err
 	}
+	stats, err := os.CreateTemp("", "peers-stats-")
+	if err != nil {
+		return 0, c, err
+	}
+	stats.Close()
+	defer os.Remove(stats.Name())
+	l.env = append(l.env, "PEERS_STATS="+stats.Name())
+	if dir := os.Getenv("PEERS_PROFILE_DIR"); dir != "" {
+		l.env = append(l.env, "PEERS_CPUPROFILE="+filepath.Join(dir, fmt.Sprintf("%s-%d.pprof", p.slug, round+1)))
+	}
+	walStart, walErr := walLSN(ctx, l.pool)
 	if err := l.start(); err != nil {
-		return 0, err
+		return 0, c, err
 	}
-	err = l.waitFor(ctx, "effect for every ID", func(_, distinct int) bool { return distinct == unique })
+	err = l.waitFor(ctx, "effect for every ID", 50*time.Millisecond, func(_, distinct int) bool { return distinct == unique })
+	if err == nil {
+		// What the run cost up to its last effect, before the consumer
+		// stops.
+		c.clientCPU, _ = procCPU(l.cmd.Process.Pid)
+		c.serverCPU, c.serverSeen = backendsCPU(ctx, l.pool, l.name)
+		if walEnd, err := walLSN(ctx, l.pool); err == nil && walErr == nil {
+			c.walBytes = walEnd - walStart
+		}
+	}
 	stopErr := l.stop()
 	if err != nil {
-		return 0, err
+		return 0, c, err
 	}
 	if stopErr != nil {
 		fmt.Fprintln(os.Stderr, "peers:", stopErr)
 	}
+	if b, err := os.ReadFile(stats.Name()); err == nil && len(b) > 0 {
+		if err := json.Unmarshal(b, &c.child); err != nil {
+			return 0, c, fmt.Errorf("%s: stats: %w", p.name, err)
+		}
+	}
 	var span float64
 	var total int
 	if err := l.pool.QueryRow(ctx, `SELECT count(*), extract(epoch FROM max(at) - min(at))::float8 FROM effects`).Scan(&total, &span); err != nil {
-		return 0, err
+		return 0, c, err
 	}
 	if total != unique {
-		return 0, fmt.Errorf("%s: %d effects for %d IDs in a run without faults", peer, total, unique)
+		return 0, c, fmt.Errorf("%s: %d effects for %d IDs in a run without faults", p.name, total, unique)
 	}
-	return float64(len(events)) / span, nil
+	return float64(len(events)) / span, c, nil
+}
+
+// walLSN is the server's current WAL position, in bytes.
+func walLSN(ctx context.Context, pool *pgxpool.Pool) (int64, error) {
+	var n int64
+	err := pool.QueryRow(ctx, `SELECT pg_current_wal_lsn() - '0/0'::pg_lsn`).Scan(&n)
+	return n, err
 }
 
 // crashResult is what one SIGKILL did to one peer.
@@ -406,9 +486,9 @@ func (r crashResult) riskText() string {
 }
 
 // crash runs one peer, SIGKILLs it once mid-stream, restarts it, and counts.
-func crash(ctx context.Context, o options, runID, peer string, events []event, unique int) (crashResult, error) {
+func crash(ctx context.Context, o options, runID string, p peer, events []event, unique int) (crashResult, error) {
 	var r crashResult
-	l, err := newLane(ctx, o, runID, peer, "k", events, unique)
+	l, err := newLane(ctx, o, runID, p, "k", events, unique)
 	if l != nil {
 		defer l.cleanUp(context.WithoutCancel(ctx))
 	}
@@ -419,7 +499,9 @@ func crash(ctx context.Context, o options, runID, peer string, events []event, u
 		return r, err
 	}
 	threshold := int(o.killAt * float64(unique))
-	if err := l.waitFor(ctx, fmt.Sprintf("%d effects", threshold), func(total, _ int) bool { return total >= threshold }); err != nil {
+	// Looked at often: a fast consumer of a small stream must not finish
+	// it between two looks.
+	if err := l.waitFor(ctx, fmt.Sprintf("%d effects", threshold), 2*time.Millisecond, func(total, _ int) bool { return total >= threshold }); err != nil {
 		l.kill()
 		return r, err
 	}
@@ -429,9 +511,9 @@ func crash(ctx context.Context, o options, runID, peer string, events []event, u
 	}
 	// Work was in flight: the stream was neither untouched nor finished.
 	if r.atKill == 0 || r.atKill >= unique {
-		return r, fmt.Errorf("%s: killed with %d of %d effects: not mid-stream", peer, r.atKill, unique)
+		return r, fmt.Errorf("%s: killed with %d of %d effects: not mid-stream", p.name, r.atKill, unique)
 	}
-	if l.slug == "watermillsql" {
+	if p.broker == brokerSQL {
 		// The messages past the group's acked (transaction ID, offset) whose
 		// ID has an effect.
 		q := fmt.Sprintf(`SELECT count(*) FROM %s m
@@ -455,7 +537,12 @@ func crash(ctx context.Context, o options, runID, peer string, events []event, u
 		for _, id := range ids {
 			done[id] = true
 		}
-		if r.atRisk, err = atRisk(ctx, o.brokers, l.topic(), o.partitions, events, done); err != nil {
+		if p.broker == brokerNATS {
+			r.atRisk, err = atRiskNATS(ctx, o.natsURL, l.topic(), l.topic(), events, done)
+		} else {
+			r.atRisk, err = atRisk(ctx, o.brokers, l.topic(), o.partitions, events, done)
+		}
+		if err != nil {
 			return r, err
 		}
 	}
@@ -476,9 +563,9 @@ func crash(ctx context.Context, o options, runID, peer string, events []event, u
 // failure runs one peer over the stream with the first attempt of one ID in
 // 250 failing (failing), and returns how many IDs lost their effect and how
 // many effects doubled.
-func failure(ctx context.Context, o options, runID, peer string, events []event, unique int) (lost, doubled, failed int, err error) {
+func failure(ctx context.Context, o options, runID string, p peer, events []event, unique int) (lost, doubled, failed int, err error) {
 	failed = countFailing(events)
-	l, err := newLane(ctx, o, runID, peer, "f", events, unique)
+	l, err := newLane(ctx, o, runID, p, "f", events, unique)
 	if l != nil {
 		defer l.cleanUp(context.WithoutCancel(ctx))
 	}
@@ -516,26 +603,64 @@ func median(xs []float64) float64 {
 	return (s[len(s)/2-1] + s[len(s)/2]) / 2
 }
 
-// result is one peer's line of the table.
+// result is one peer's line of the tables.
 type result struct {
-	peer  string
+	peer  peer
 	rates []float64 // events/s, one per round
+	costs []cost    // one per round
 	crash crashResult
 	// failure phase: IDs without an effect, effects beyond one per ID
 	failLost, failDoubled int
 }
 
-// measure runs the throughput rounds, then the crash phase, of each peer.
+// selected returns the peers o names, in the order of the tables.
+func selected(o options) []peer {
+	var ps []peer
+	for _, p := range peers {
+		if slices.Contains(o.peers, p.slug) {
+			ps = append(ps, p)
+		}
+	}
+	return ps
+}
+
+// checkSelection refuses names that are no peer's, and a table without
+// its first peer (justonce's front), against which its ratios are taken.
+func checkSelection(o options) error {
+	for _, s := range o.peers {
+		if _, ok := peerNamed(s); !ok {
+			return fmt.Errorf("-peers: unknown peer %q (known: %s)", s, strings.Join(slugs(), ","))
+		}
+	}
+	ps := selected(o)
+	for _, p := range ps {
+		if base := tableBase(p.table); !slices.ContainsFunc(ps, func(q peer) bool { return q.slug == base.slug }) {
+			return fmt.Errorf("-peers must include %s: the %s table's ratios are against it", base.slug, p.table)
+		}
+	}
+	return nil
+}
+
+// tableBase is the first peer of table: justonce's front for its broker.
+func tableBase(table string) peer {
+	for _, p := range peers {
+		if p.table == table {
+			return p
+		}
+	}
+	panic("no peer in table " + table)
+}
+
+// measure runs the throughput rounds, then the crash phase, then the
+// failure phase, of each peer.
 func measure(ctx context.Context, o options) ([]result, int, error) {
 	b := make([]byte, 3)
 	_, _ = rand.Read(b)
 	runID := hex.EncodeToString(b)
 	events, unique := workload(o.events, o.dupPercent, o.seed)
 	var res []result
-	for _, p := range peerNames {
-		if slices.Contains(o.peers, peerSlug[p]) {
-			res = append(res, result{peer: p})
-		}
+	for _, p := range selected(o) {
+		res = append(res, result{peer: p})
 	}
 	fmt.Fprintf(os.Stderr, "peers: %d events (%d unique IDs, %d %% duplicates), %d partitions, %d round(s), run %s\n",
 		len(events), unique, o.dupPercent, o.partitions, o.rounds, runID)
@@ -548,21 +673,27 @@ func measure(ctx context.Context, o options) ([]result, int, error) {
 			}
 		}
 		for _, i := range order {
-			rate, err := throughput(ctx, o, runID, round, res[i].peer, events, unique)
+			rate, c, err := throughput(ctx, o, runID, round, res[i].peer, events, unique)
 			if err != nil {
 				return nil, 0, fmt.Errorf("throughput: %w", err)
 			}
-			fmt.Fprintf(os.Stderr, "peers: round %d %-26s %8.0f events/s\n", round+1, res[i].peer, rate)
+			pe := c.per(len(events))
+			fmt.Fprintf(os.Stderr, "peers: round %d %-30s %8.0f events/s; per event: %.2f round trips, %.2f statements, client %.0f µs, server %.0f µs, WAL %.0f B (server-wide)\n",
+				round+1, res[i].peer.name, rate, pe.roundTrips, pe.statements, pe.clientUS, pe.serverUS, pe.walBytes)
 			res[i].rates = append(res[i].rates, rate)
+			res[i].costs = append(res[i].costs, c)
 		}
+	}
+	if !o.faults {
+		return res, unique, nil
 	}
 	for i := range res {
 		r, err := crash(ctx, o, runID, res[i].peer, events, unique)
 		if err != nil {
 			return nil, 0, fmt.Errorf("crash: %w", err)
 		}
-		fmt.Fprintf(os.Stderr, "peers: crash %-26s SIGKILLed at %d of %d effects, %s; after the restart %d effects for %d IDs\n",
-			res[i].peer, r.atKill, unique, r.riskText(), r.total, r.distinct)
+		fmt.Fprintf(os.Stderr, "peers: crash %-30s SIGKILLed at %d of %d effects, %s; after the restart %d effects for %d IDs\n",
+			res[i].peer.name, r.atKill, unique, r.riskText(), r.total, r.distinct)
 		res[i].crash = r
 	}
 	for i := range res {
@@ -570,81 +701,55 @@ func measure(ctx context.Context, o options) ([]result, int, error) {
 		if err != nil {
 			return nil, 0, fmt.Errorf("failure: %w", err)
 		}
-		fmt.Fprintf(os.Stderr, "peers: failure %-26s %d IDs failed their first attempt: %d lost, %d doubled\n", res[i].peer, failed, lost, doubled)
+		fmt.Fprintf(os.Stderr, "peers: failure %-30s %d IDs failed their first attempt: %d lost, %d doubled\n", res[i].peer.name, failed, lost, doubled)
 		res[i].failLost, res[i].failDoubled = lost, doubled
 	}
 	return res, unique, nil
 }
 
-// mayDouble says which peers may double an effect after a crash: those
-// whose dedupe lives in the consumer's memory.
-var mayDouble = map[string]string{
-	peerWatermill:   "Deduplicator's memory is per process: a restart forgets it, and offsets are committed after the effect (every 1 s)",
-	peerWatermillSQ: "offsets commit with the effect, but duplicates of events from before the restart are not in the new process's Deduplicator",
-}
-
-// mayLose says which peers may lose an effect when a handler fails once:
-// those whose dedupe records the ID before the handler runs.
-var mayLose = map[string]string{
-	peerWatermill:   "the Deduplicator records the ID before the handler runs: the redelivery of a failed message is dropped as a duplicate",
-	peerWatermillSQ: "the same Deduplicator: a nacked message comes again and is dropped",
-}
-
-// check returns an error when a peer lost an effect, or one that must not
-// double doubled one.
+// check returns an error when a peer lost an effect to the crash, doubled
+// one after a failure, or, claiming exactly once, lost or doubled one
+// anywhere.
 func check(res []result) error {
 	var errs []error
 	for _, r := range res {
 		if r.crash.lost > 0 {
-			errs = append(errs, fmt.Errorf("%s lost %d effects", r.peer, r.crash.lost))
+			errs = append(errs, fmt.Errorf("%s lost %d effects", r.peer.name, r.crash.lost))
 		}
-		if _, ok := mayDouble[r.peer]; !ok && r.crash.doubled > 0 {
-			errs = append(errs, fmt.Errorf("%s doubled %d effects", r.peer, r.crash.doubled))
+		if r.peer.mayDouble == "" && r.crash.doubled > 0 {
+			errs = append(errs, fmt.Errorf("%s doubled %d effects", r.peer.name, r.crash.doubled))
 		}
-		if _, ok := mayLose[r.peer]; !ok && r.failLost > 0 {
-			errs = append(errs, fmt.Errorf("%s lost %d effects of handlers that failed once", r.peer, r.failLost))
+		if r.peer.mayLose == "" && r.failLost > 0 {
+			errs = append(errs, fmt.Errorf("%s lost %d effects of handlers that failed once", r.peer.name, r.failLost))
 		}
 		if r.failDoubled > 0 {
-			errs = append(errs, fmt.Errorf("%s doubled %d effects of handlers that failed once", r.peer, r.failDoubled))
+			errs = append(errs, fmt.Errorf("%s doubled %d effects of handlers that failed once", r.peer.name, r.failDoubled))
 		}
 	}
 	return errors.Join(errs...)
 }
 
 func run(ctx context.Context, o options) error {
-	if !slices.Contains(o.peers, peerSlug[peerJustonce]) {
-		return errors.New("-peers must include justonce: the ratios are against it")
+	if err := checkSelection(o); err != nil {
+		return err
+	}
+	if slices.ContainsFunc(selected(o), func(p peer) bool { return p.broker == brokerNATS }) && o.natsURL == "" {
+		url, stop, err := startNATS()
+		if err != nil {
+			return err
+		}
+		defer stop()
+		o.natsURL = url
 	}
 	header, resultsFile := beginResults(o)
 	res, unique, err := measure(ctx, o)
 	if err != nil {
 		return err
 	}
-	base := median(res[0].rates)
-	events, _ := workload(o.events, o.dupPercent, o.seed)
-	fmt.Printf("\n%d events per peer (%d unique IDs, %d %% duplicates), %d Kafka partitions, one business row per event; median of %d round(s)\n",
-		o.events, unique, o.dupPercent, o.partitions, o.rounds)
-	tw := tabwriter.NewWriter(os.Stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "peer\tevents/s\trounds' range\tvs justonce\tSIGKILLed at\tdone, read again\tlost\tdoubled\tlost after 1 failure")
-	for _, r := range res {
-		rate := median(r.rates)
-		fmt.Fprintf(tw, "%s\t%.0f\t%.0f–%.0f\t%.2f×\t%d/%d effects\t%d\t%d\t%d\t%d/%d\n", r.peer, rate, slices.Min(r.rates), slices.Max(r.rates), rate/base, r.crash.atKill, unique, r.crash.atRisk, r.crash.lost, r.crash.doubled, r.failLost, countFailing(events))
-	}
-	_ = tw.Flush()
-	fmt.Println("SIGKILLed at: effects when the consumer was killed. done, read again: deliveries to the restarted consumer")
-	fmt.Println("(past the committed offsets) of IDs that had their effect: redeliveries and later duplicates.")
-	fmt.Println("lost after 1 failure: a run without a crash in which one ID in 250 fails its first attempt (then succeeds)")
-	for _, r := range res[1:] {
-		fmt.Printf("justonce / %s: %.2f×\n", r.peer, base/median(r.rates))
-	}
-	for _, r := range res {
-		if why, ok := mayDouble[r.peer]; ok {
-			fmt.Printf("%s may double: %s\n", r.peer, why)
-		}
-		if why, ok := mayLose[r.peer]; ok {
-			fmt.Printf("%s may lose: %s\n", r.peer, why)
-		}
-	}
 	checkErr := check(res)
+	fmt.Println()
+	for _, t := range resultsTables(o, res, unique, checkErr) {
+		_ = t.Markdown(os.Stdout)
+	}
 	return errors.Join(checkErr, writeResults(header, resultsFile, o, res, unique, checkErr))
 }

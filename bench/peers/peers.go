@@ -19,27 +19,82 @@ import (
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/transports/franzinbox"
 	"github.com/justonce/justonce/transports/kafkainbox"
 )
 
-// The peers, in the order of the table.
+// A peer is one consumer design in the comparison: how its child process
+// consumes, which table it is compared in, and what it may get wrong.
+type peer struct {
+	name string // its row in the tables
+	slug string // in flags, topics, streams and schemas
+	// table: the peers of one table read the same broker and are compared
+	// with its first, justonce's front for that broker.
+	table string
+	// broker the stream is produced to: brokerKafka, brokerNATS, or
+	// brokerSQL (Watermill's Postgres table).
+	broker  string
+	consume func(ctx context.Context, a childArgs) error
+	// mayDouble, mayLose: why the peer may double an effect after a crash,
+	// or lose one whose handler failed once ("": it claims neither).
+	mayDouble, mayLose string
+}
+
+// The tables and the brokers.
 const (
-	peerJustonce    = "justonce"
-	peerJustonceC4  = "justonce, Concurrency 4"
-	peerHandwritten = "hand-written inbox"
-	peerWatermill   = "watermill kafka + dedup"
-	peerWatermillSQ = "watermill sql tx + dedup"
+	tableKafka = "Kafka"
+	tableNATS  = "NATS JetStream"
+
+	brokerKafka = "kafka"
+	brokerNATS  = "nats"
+	brokerSQL   = "sql"
 )
 
-var peerNames = []string{peerJustonce, peerJustonceC4, peerHandwritten, peerWatermill, peerWatermillSQ}
+// The peers' names, in the order of the tables.
+const (
+	peerJustonce      = "justonce"
+	peerJustonceFranz = "justonce, franz-go"
+	peerJustonceB1    = "justonce, BatchSize 1"
+	peerHandwritten   = "hand-written inbox"
+	peerWatermill     = "watermill kafka + dedup"
+	peerWatermillSQ   = "watermill sql tx + dedup"
 
-// peerSlug names a peer in flags, topics and schemas.
-var peerSlug = map[string]string{
-	peerJustonce:    "justonce",
-	peerJustonceC4:  "justonce-c4",
-	peerHandwritten: "handwritten",
-	peerWatermill:   "watermill",
-	peerWatermillSQ: "watermillsql",
+	peerJustonceNATS    = "justonce, JetStream"
+	peerHandwrittenNATS = "hand-written inbox, JetStream"
+	peerWatermillNATS   = "watermill jetstream + dedup"
+)
+
+var peers = []peer{
+	{name: peerJustonce, slug: "justonce", table: tableKafka, broker: brokerKafka,
+		consume: func(ctx context.Context, a childArgs) error { return consumeJustonce(ctx, a, consumer.Scheduling{}) }},
+	{name: peerJustonceFranz, slug: "justonce-franz", table: tableKafka, broker: brokerKafka, consume: consumeJustonceFranz},
+	{name: peerJustonceB1, slug: "justonce-b1", table: tableKafka, broker: brokerKafka,
+		consume: func(ctx context.Context, a childArgs) error {
+			return consumeJustonce(ctx, a, consumer.Scheduling{BatchSize: 1})
+		}},
+	{name: peerHandwritten, slug: "handwritten", table: tableKafka, broker: brokerKafka, consume: consumeHandwritten},
+	{name: peerWatermill, slug: "watermill", table: tableKafka, broker: brokerKafka, consume: consumeWatermillKafka,
+		mayDouble: "Deduplicator's memory is per process: a restart forgets it, and offsets are committed after the effect (every 1 s)",
+		mayLose:   "the Deduplicator records the ID before the handler runs: the redelivery of a failed message is dropped as a duplicate"},
+	{name: peerWatermillSQ, slug: "watermillsql", table: tableKafka, broker: brokerSQL, consume: consumeWatermillSQL,
+		mayDouble: "offsets commit with the effect, but duplicates of events from before the restart are not in the new process's Deduplicator",
+		mayLose:   "the same Deduplicator: a nacked message comes again and is dropped"},
+
+	{name: peerJustonceNATS, slug: "justonce-nats", table: tableNATS, broker: brokerNATS, consume: consumeJustonceNATS},
+	{name: peerHandwrittenNATS, slug: "handwritten-nats", table: tableNATS, broker: brokerNATS, consume: consumeHandwrittenNATS},
+	{name: peerWatermillNATS, slug: "watermill-nats", table: tableNATS, broker: brokerNATS, consume: consumeWatermillNATS,
+		mayDouble: "the Deduplicator's memory is per process, and a message whose ack was lost with the process comes again",
+		mayLose:   "the Deduplicator records the ID before the handler runs: the redelivery of a nacked message is dropped"},
+}
+
+// peerNamed returns the peer of that name or slug.
+func peerNamed(s string) (peer, bool) {
+	for _, p := range peers {
+		if p.name == s || p.slug == s {
+			return p, true
+		}
+	}
+	return peer{}, false
 }
 
 // effectSQL is the business effect every peer runs once per event: one row
@@ -77,35 +132,37 @@ func (f *failOnce) fail(id string) error {
 // childArgs is what the orchestrator hands a consumer process.
 type childArgs struct {
 	peer    string
-	topic   string
-	group   string
+	topic   string // the Kafka topic, Watermill SQL topic or JetStream stream (and subject)
+	group   string // the consumer group or JetStream durable
 	brokers []string
+	natsURL string
 	pool    *pgxpool.Pool
 	fail    *failOnce
 }
 
 // consume runs one peer's consumer until ctx ends.
 func consume(ctx context.Context, a childArgs) error {
-	switch a.peer {
-	case "justonce":
-		return consumeJustonce(ctx, a, 0)
-	case "justonce-c4":
-		return consumeJustonce(ctx, a, 4)
-	case "handwritten":
-		return consumeHandwritten(ctx, a)
-	case "watermill":
-		return consumeWatermillKafka(ctx, a)
-	case "watermillsql":
-		return consumeWatermillSQL(ctx, a)
+	p, ok := peerNamed(a.peer)
+	if !ok {
+		return fmt.Errorf("unknown peer %q", a.peer)
 	}
-	return fmt.Errorf("unknown peer %q", a.peer)
+	return p.consume(ctx, a)
 }
 
-// consumeJustonce: kafkainbox.Consumer with its defaults (concurrency 0)
-// or with Config.Concurrency set, to run the partitions in parallel as
-// Watermill's Kafka subscriber does. The ledger row and the effect commit
-// in one transaction; offsets are committed after it.
-func consumeJustonce(ctx context.Context, a childArgs, concurrency int) error {
+// effect is the handler every justonce front runs: the failure phase's
+// failure, else the business row, in the ledger's transaction.
+func (a childArgs) effect(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	if err := a.fail.fail(m.ID); err != nil {
+		return err
+	}
+	_, err := tx.Exec(ctx, effectSQL, m.ID)
+	return err
+}
+
+// consumeJustonce: kafkainbox.Consumer with its defaults, or with the
+// Scheduling given. The ledger row and the effect commit in one
+// transaction; offsets are committed after it.
+func consumeJustonce(ctx context.Context, a childArgs, s consumer.Scheduling) error {
 	ledger, err := inbox.New(a.pool, inbox.Config{})
 	if err != nil {
 		return err
@@ -115,14 +172,26 @@ func consumeJustonce(ctx context.Context, a childArgs, concurrency int) error {
 		Topic:      a.topic,
 		GroupID:    a.group,
 		Processor:  consumer.Config{Ledger: ledger},
-		Scheduling: consumer.Scheduling{Concurrency: concurrency},
-	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
-		if err := a.fail.fail(m.ID); err != nil {
-			return err
-		}
-		_, err := tx.Exec(ctx, effectSQL, m.ID)
+		Scheduling: s,
+	}, a.effect)
+	if err != nil {
 		return err
-	})
+	}
+	return c.Run(ctx)
+}
+
+// consumeJustonceFranz: franzinbox.Consumer (franz-go) with its defaults.
+func consumeJustonceFranz(ctx context.Context, a childArgs) error {
+	ledger, err := inbox.New(a.pool, inbox.Config{})
+	if err != nil {
+		return err
+	}
+	c, err := franzinbox.New(franzinbox.Config{
+		Brokers:   a.brokers,
+		Topics:    []string{a.topic},
+		GroupID:   a.group,
+		Processor: consumer.Config{Ledger: ledger},
+	}, a.effect)
 	if err != nil {
 		return err
 	}

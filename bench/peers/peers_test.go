@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -55,18 +56,64 @@ func TestCrashExactlyOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := options{events: 600, dupPercent: 20, partitions: 2, killAt: 0.3, seed: 3, timeout: 2 * time.Minute, pgURL: pgURL, brokers: brokers}
+	o.natsURL = testNATS(t)
 	events, unique := workload(o.events, o.dupPercent, o.seed)
-	for _, peer := range []string{peerJustonce, peerHandwritten} {
-		r, err := crash(context.Background(), o, "test"+time.Now().Format("150405"), peer, events, unique)
+	for _, name := range claimants {
+		p, _ := peerNamed(name)
+		r, err := crash(context.Background(), o, "test"+time.Now().Format("150405"), p, events, unique)
 		if err != nil {
-			t.Fatalf("%s: %v", peer, err)
+			t.Fatalf("%s: %v", name, err)
 		}
-		t.Logf("%s: SIGKILLed at %d of %d effects, %s; %d effects for %d IDs after the restart", peer, r.atKill, unique, r.riskText(), r.total, r.distinct)
+		t.Logf("%s: SIGKILLed at %d of %d effects, %s; %d effects for %d IDs after the restart", name, r.atKill, unique, r.riskText(), r.total, r.distinct)
 		if r.atRisk <= 0 {
-			t.Errorf("%s: the restart redelivered no event that had its effect: the crash tested nothing", peer)
+			t.Errorf("%s: the restart redelivered no event that had its effect: the crash tested nothing", name)
 		}
-		if err := check([]result{{peer: peer, crash: r}}); err != nil {
+		if err := check([]result{{peer: p, crash: r}}); err != nil {
 			t.Error(err)
+		}
+	}
+}
+
+// claimants are the peers that claim exactly-once effects: justonce's
+// fronts and the hand-written inboxes.
+var claimants = []string{peerJustonce, peerJustonceFranz, peerHandwritten, peerJustonceNATS, peerHandwrittenNATS}
+
+// testNATS starts the embedded NATS server for the test.
+func testNATS(t *testing.T) string {
+	t.Helper()
+	url, stop, err := startNATS()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(stop)
+	return url
+}
+
+// Every peer has a name and a slug of its own, its table's first peer is
+// justonce's front for that broker, and a run of a table without it is
+// refused.
+func TestPeers(t *testing.T) {
+	names, slugs := map[string]bool{}, map[string]bool{}
+	for _, p := range peers {
+		if names[p.name] || slugs[p.slug] || p.consume == nil {
+			t.Errorf("peer %q (%s): name or slug taken, or no consumer", p.name, p.slug)
+		}
+		names[p.name], slugs[p.slug] = true, true
+	}
+	for _, table := range []string{tableKafka, tableNATS} {
+		if b := tableBase(table); !strings.HasPrefix(b.name, "justonce") {
+			t.Errorf("table %s is compared with %s", table, b.name)
+		}
+	}
+	for peers, ok := range map[string]bool{
+		"justonce,watermill":               true,
+		"watermill":                        false,
+		"justonce,watermill-nats":          false,
+		"justonce-nats,watermill-nats":     true,
+		"justonce,justonce-nats,nosuchone": false,
+	} {
+		if err := checkSelection(options{peers: strings.Split(peers, ",")}); (err == nil) != ok {
+			t.Errorf("-peers %s: %v", peers, err)
 		}
 	}
 }
@@ -79,17 +126,19 @@ func TestFailureExactlyOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	o := options{events: 600, dupPercent: 20, partitions: 2, seed: 3, timeout: 2 * time.Minute, pgURL: pgURL, brokers: brokers}
+	o.natsURL = testNATS(t)
 	events, unique := workload(o.events, o.dupPercent, o.seed)
-	for _, peer := range []string{peerJustonce, peerHandwritten} {
-		lost, doubled, failed, err := failure(context.Background(), o, "testf"+time.Now().Format("150405"), peer, events, unique)
+	for _, name := range claimants {
+		p, _ := peerNamed(name)
+		lost, doubled, failed, err := failure(context.Background(), o, "testf"+time.Now().Format("150405"), p, events, unique)
 		if err != nil {
-			t.Fatalf("%s: %v", peer, err)
+			t.Fatalf("%s: %v", name, err)
 		}
 		if failed == 0 {
-			t.Fatalf("%s: no ID failed: the test tested nothing", peer)
+			t.Fatalf("%s: no ID failed: the test tested nothing", name)
 		}
 		if lost != 0 || doubled != 0 {
-			t.Errorf("%s: %d IDs failed once: %d lost, %d doubled; want 0, 0", peer, failed, lost, doubled)
+			t.Errorf("%s: %d IDs failed once: %d lost, %d doubled; want 0, 0", name, failed, lost, doubled)
 		}
 	}
 }

@@ -29,7 +29,7 @@ const benchEvents = 5000
 //     COMMIT), the offsets of each poll committed after it;
 //   - franz: a franzinbox Consumer with the defaults (one at a time; the
 //     messages of a partition already waiting, up to 50, run in one
-//     transaction, a savepoint each), the same INSERT in the ledger's
+//     transaction, each as if in a savepoint of its own), the same INSERT in the ledger's
 //     transaction;
 //   - franz_per_event: the same with BatchSize 1 (one message, one
 //     transaction);

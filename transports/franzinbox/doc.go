@@ -59,7 +59,7 @@
 //     transaction, without dedupe. It is never skipped.
 //   - Batches form under load: the messages of a partition already
 //     waiting, up to Config.BatchSize (default 50), run in one transaction,
-//     each message's claim and handler in its own savepoint
+//     each message as if in a savepoint of its own
 //     (consumer.Processor.ProcessRun); a failing message is rolled back
 //     alone and retried in place before the messages behind it run. A lone
 //     message runs at once. BatchSize 1 runs one message per transaction.

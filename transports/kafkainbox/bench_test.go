@@ -34,8 +34,8 @@ const (
 //     business INSERT in its own transaction (BEGIN; INSERT; COMMIT),
 //     offsets committed every second, as the Consumer does;
 //   - wrapped: a Consumer with the defaults (adaptive batching: the
-//     messages already waiting run in one transaction, each in its own
-//     savepoint), the same INSERT in the ledger's transaction;
+//     messages already waiting run in one transaction, each as if in a
+//     savepoint of its own), the same INSERT in the ledger's transaction;
 //   - per_event: a Consumer with BatchSize 1 (one message, one
 //     transaction);
 //

@@ -61,14 +61,14 @@
 //     without dedupe. It is never skipped.
 //   - Batching is adaptive and on by default: when several fetched messages
 //     of a partition are waiting, up to Config.BatchSize (default 50) run
-//     in one transaction, each message's claim and handler in its own
-//     savepoint, and commit together; a message alone in its partition runs
+//     in one transaction, each message as if in a savepoint of its own,
+//     and commit together; a message alone in its partition runs
 //     at once in a transaction of its own, so batching adds no latency when
 //     the consumer keeps up. A message whose handler fails is rolled back
-//     alone (its savepoint): the messages before it commit, and it is
+//     alone: the messages before it commit, and it is
 //     retried in place or dead-lettered before the ones behind it run, so
 //     partition order holds as in per-message mode. A deferred constraint
-//     failing at COMMIT cannot be pinned on one savepoint: that batch runs
+//     failing at COMMIT cannot be pinned on one message: that batch runs
 //     again message by message. BatchSize 1 turns batching off.
 //   - Run stops as every front does (see the consumer package, "Fronts"):
 //     it stops fetching when its context ends, lets in-flight work finish

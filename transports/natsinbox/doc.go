@@ -18,8 +18,8 @@
 // attempts), created or updated by Run; Config.Bind runs a durable managed
 // elsewhere. Messages are pulled with Consume, and each goes through
 // consumer.Processor. When messages are waiting, up to Config.BatchSize
-// (default 50) run in one transaction, each in its own savepoint, so that a
-// failing handler is rolled back alone and retried in place before the
+// (default 50) run in one transaction, each as if in a savepoint of its own,
+// so that a failing handler is rolled back alone and retried in place before the
 // messages behind it; a message that finds none waiting runs at once on
 // its own. BatchSize 1 turns batching off:
 //

@@ -173,7 +173,7 @@ func Example() {
 }
 
 // Batches: up to BatchSize messages already pulled run in one transaction,
-// each in its own savepoint, and are acked after its commit (batching is on
+// each as if in a savepoint of its own, and are acked after its commit (batching is on
 // by default; BatchSize sets its bound, 1 turns it off). Here 250 orders
 // are published, and 50 of them a second time without Nats-Msg-Id.
 func ExampleConfig_batch() {
