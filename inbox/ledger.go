@@ -229,9 +229,9 @@ func (l *Ledger) withWait(ctx context.Context, req Request, op func() (Outcome, 
 }
 
 func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcome, err error) {
-	pc, err := l.pool.Acquire(ctx)
+	pc, err := l.acquire(ctx, req)
 	if err != nil {
-		return Outcome{}, storeErr("acquire", err)
+		return Outcome{}, err
 	}
 	// A connection left inside a transaction is destroyed, not reused;
 	// one on a server that refused a write as read-only is closed.
