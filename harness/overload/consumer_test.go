@@ -11,12 +11,14 @@ import (
 	"github.com/jackc/pgx/v5"
 	"github.com/segmentio/kafka-go"
 	"github.com/stretchr/testify/require"
+	"github.com/twmb/franz-go/pkg/kgo"
 
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/consumer/consumertest"
 	"github.com/justonce/justonce/harness/kafkaadmin"
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
+	"github.com/justonce/justonce/transports/franzinbox"
 	"github.com/justonce/justonce/transports/kafkainbox"
 )
 
@@ -26,8 +28,12 @@ const (
 	perMessage  = 5 * time.Millisecond
 	msgSize     = 16 << 10
 	maxBuffered = 64
-	queueCap    = 16 // the kafka-go reader's queue
-	produceFor  = 6 * time.Second
+	// What the broker client holds besides the front's MaxBuffered: the
+	// kafka-go reader's queue (queueCap messages), franz-go's buffered
+	// fetch (clientBuf bytes).
+	queueCap   = 16
+	clientBuf  = queueCap * msgSize
+	produceFor = 6 * time.Second
 )
 
 // liveHeap is the heap in use after a collection.
@@ -38,40 +44,68 @@ func liveHeap() uint64 {
 	return ms.HeapAlloc
 }
 
-// Offered twice what its handler can take, the Kafka consumer falls
-// behind with its memory flat: fetching pauses while MaxBuffered messages
-// wait, so the backlog stays in the broker. Its live heap, measured a
-// third of the way into the load and at its end, grows by less than
-// MaxBuffered messages, while the backlog grows by hundreds; then it
-// drains the backlog, every event once.
+// Offered twice what its handler can take, a Kafka consumer falls behind
+// with its memory flat: fetching pauses while MaxBuffered messages wait,
+// so the backlog stays in the broker. Its live heap, measured a third of
+// the way into the load and at its end, grows by less than MaxBuffered
+// messages, while the backlog grows by hundreds; then it drains the
+// backlog, every event once. Both Kafka fronts: kafkainbox (kafka-go) and
+// franzinbox (franz-go).
 func TestOverloadKafkaConsumerMemoryFlat(t *testing.T) {
+	t.Run("kafkainbox", func(t *testing.T) {
+		consumerMemoryFlat(t, func(brokers []string, topic string, p consumer.Config, h consumer.Handler) (runner, error) {
+			return kafkainbox.New(kafkainbox.Config{
+				Brokers: brokers, Topic: topic, GroupID: topic, Processor: p,
+				Scheduling: consumer.Scheduling{MaxBuffered: maxBuffered},
+				Reader: func(rc *kafka.ReaderConfig) {
+					rc.QueueCapacity = queueCap
+					rc.MaxWait = 300 * time.Millisecond
+					rc.StartOffset = kafka.FirstOffset
+				},
+			}, h)
+		})
+	})
+	t.Run("franzinbox", func(t *testing.T) {
+		consumerMemoryFlat(t, func(brokers []string, topic string, p consumer.Config, h consumer.Handler) (runner, error) {
+			return franzinbox.New(franzinbox.Config{
+				Brokers: brokers, Topics: []string{topic}, GroupID: topic, Processor: p,
+				Scheduling: consumer.Scheduling{MaxBuffered: maxBuffered},
+				ClientOptions: []kgo.Opt{kgo.FetchMaxWait(300 * time.Millisecond),
+					kgo.FetchMaxBytes(clientBuf), kgo.FetchMaxPartitionBytes(clientBuf)},
+			}, h)
+		})
+	})
+}
+
+// runner is a consumer front's Consumer.
+type runner interface{ Run(context.Context) error }
+
+// bound is what the consumer may hold: MaxBuffered messages in its lanes,
+// and the broker client's own buffer.
+const bound = maxBuffered*msgSize + clientBuf
+
+func consumerMemoryFlat(t *testing.T, newConsumer func(brokers []string, topic string, p consumer.Config, h consumer.Handler) (runner, error)) {
 	brokers := testsvc.KafkaBrokers(t)
 	topic := testsvc.Unique("overload")
 	require.NoError(t, kafkaadmin.CreateTopic(brokers[0], topic, 1))
 	require.NoError(t, kafkaadmin.CreateTopic(brokers[0], topic+kafkainbox.DeadLetterSuffix, 1))
+	if franzinbox.DeadLetterSuffix != kafkainbox.DeadLetterSuffix {
+		require.NoError(t, kafkaadmin.CreateTopic(brokers[0], topic+franzinbox.DeadLetterSuffix, 1))
+	}
 
 	pg := testsvc.Postgres(t, testsvc.MaxConns(4))
 	pg.Exec(t, `CREATE TABLE effects (key text NOT NULL, n bigserial)`)
 	l, err := inbox.New(pg.Pool, inbox.Config{})
 	require.NoError(t, err)
 	var executed atomic.Int64
-	c, err := kafkainbox.New(kafkainbox.Config{
-		Brokers: brokers, Topic: topic, GroupID: topic,
-		Processor: consumer.Config{Ledger: l, Hooks: consumer.Hooks{
-			// Counted once committed.
-			OnOutcome: func(_ *consumer.Message, out inbox.Outcome, _ time.Duration) {
-				if out.Disposition == inbox.Executed {
-					executed.Add(1)
-				}
-			},
-		}},
-		Scheduling: consumer.Scheduling{MaxBuffered: maxBuffered},
-		Reader: func(rc *kafka.ReaderConfig) {
-			rc.QueueCapacity = queueCap
-			rc.MaxWait = 300 * time.Millisecond
-			rc.StartOffset = kafka.FirstOffset
+	c, err := newConsumer(brokers, topic, consumer.Config{Ledger: l, Hooks: consumer.Hooks{
+		// Counted once committed.
+		OnOutcome: func(_ *consumer.Message, out inbox.Outcome, _ time.Duration) {
+			if out.Disposition == inbox.Executed {
+				executed.Add(1)
+			}
 		},
-	}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
+	}}, func(ctx context.Context, tx pgx.Tx, m *consumer.Message) error {
 		if _, err := tx.Exec(ctx, `INSERT INTO effects (key) VALUES ($1)`, m.ID); err != nil {
 			return err
 		}
@@ -121,13 +155,13 @@ func TestOverloadKafkaConsumerMemoryFlat(t *testing.T) {
 	offered := float64(produced-10) / time.Since(start).Seconds()
 	a, b := samples[0], samples[len(samples)-1]
 	taken := float64(executed.Load()-10) / time.Since(start).Seconds()
-	t.Logf("overload kafka: offered %.0f events/s of %d KiB, taken %.0f/s; at %s live heap %.1f MiB, backlog %d; at %s live heap %.1f MiB, backlog %d; "+
-		"growth %+.2f MiB, bound MaxBuffered x size = %.2f MiB",
-		offered, msgSize>>10, taken, a.at.Round(time.Millisecond), mib(a.heap), a.backlog, b.at.Round(time.Millisecond), mib(b.heap), b.backlog,
-		mib(b.heap-a.heap), mib(maxBuffered*msgSize))
+	t.Logf("overload %s: offered %.0f events/s of %d KiB, taken %.0f/s; at %s live heap %.1f MiB, backlog %d; at %s live heap %.1f MiB, backlog %d; "+
+		"growth %+.2f MiB, bound MaxBuffered x size + the client's buffer = %.2f MiB",
+		t.Name(), offered, msgSize>>10, taken, a.at.Round(time.Millisecond), mib(a.heap), a.backlog, b.at.Round(time.Millisecond), mib(b.heap), b.backlog,
+		mib(b.heap-a.heap), mib(bound))
 	require.Greater(t, offered, 1.5*taken, "the load was not twice what the consumer takes")
 	require.Greater(t, b.backlog-a.backlog, int64(4*maxBuffered), "the backlog did not grow: the consumer kept up")
-	require.Less(t, b.heap-a.heap, int64(maxBuffered*msgSize), "the live heap grew with the backlog")
+	require.Less(t, b.heap-a.heap, int64(bound), "the live heap grew with the backlog")
 
 	testsvc.Eventually(t, 2*time.Minute, func() bool { return executed.Load() >= int64(produced) }, "the backlog drains")
 	require.Equal(t, produced, pg.Count(t, `SELECT count(*) FROM effects`), "effects (doubled if more, lost if fewer)")

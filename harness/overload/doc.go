@@ -14,11 +14,12 @@
 //     logs the p99 latency of the attempts admitted against an unloaded
 //     baseline, as a ratio (a report, not an assertion: it depends on the
 //     machine and on AcquireWait);
-//   - the Kafka consumer (kafkainbox) falls behind with bounded memory:
-//     its fetches pause while MaxBuffered messages wait, the backlog stays
-//     in the broker, and its live heap measured at two points of the run
-//     grows by less than MaxBuffered times the message size; then it
-//     drains the backlog, every event once.
+//   - the Kafka consumers (kafkainbox, franzinbox) fall behind with
+//     bounded memory: their fetches pause while MaxBuffered messages wait,
+//     the backlog stays in the broker, and their live heap measured at two
+//     points of the run grows by less than MaxBuffered times the message
+//     size plus the broker client's own buffer; then they drain the
+//     backlog, every event once.
 //
 // It uses the shared services (.services.env): Postgres, and Kafka for the
 // consumer. The package holds tests only.
