@@ -85,9 +85,11 @@ generate:
 # connections, network faults through an in-process proxy, hostile handlers,
 # operator releases, the janitor, HTTP retries), and two-hop pipelines through the
 # outbox (Kafka -> A -> NATS -> B, HTTP -> A -> Kafka -> B) with relay processes
-# SIGKILLed too. The services are up at the end.
+# SIGKILLed too, and two overloads (every handler held on the effects table for
+# 3 s: the pools fill, the bridges shed, the clients retry). The services are up
+# at the end.
 chaos: services-up
-	$(GO) run ./harness/chaos -two-hop 20000 -two-hop-http-keys 1000 -relay-kills 6
+	$(GO) run ./harness/chaos -two-hop 20000 -two-hop-http-keys 1000 -relay-kills 6 -overloads 2
 
 # chaos-short: the shorter run CI does: at least one fault of every kind.
 chaos-short: services-up

@@ -31,6 +31,9 @@ const (
 	DefaultField = grpcretry.DefaultField
 	// DefaultRetryAfter is the delay in the RetryInfo of retryable answers.
 	DefaultRetryAfter = time.Second
+	// DefaultAcquireWait is how long a call waits for a database
+	// connection before it is shed with Unavailable (Config.AcquireWait).
+	DefaultAcquireWait = bridgereq.DefaultAcquireWait
 	// DefaultHandlerTimeout bounds a keyed handler's run.
 	DefaultHandlerTimeout = time.Minute
 	// DefaultClockSkew is the clock difference between clients and servers
@@ -87,8 +90,17 @@ type Config struct {
 	Principal func(ctx context.Context) string
 
 	// RetryAfter is the delay put in the RetryInfo of Aborted (in flight)
-	// and Unavailable (store down) answers. Default 1 s.
+	// and Unavailable (store down, overloaded) answers. Default 1 s.
 	RetryAfter time.Duration
+	// AcquireWait bounds how long a call waits for a connection from the
+	// ledger's pool, where calls queue when the database cannot keep up.
+	// When it runs out (every connection in use), the call is shed:
+	// its handler does not run, nothing is recorded, and the client gets
+	// Unavailable with ErrorInfo OVERLOADED and RetryInfo (RetryAfter);
+	// its retry with the same key runs once. Default DefaultAcquireWait
+	// (1 s). It is checked before each ledger claim, and for a keyless
+	// call before its transaction begins.
+	AcquireWait time.Duration
 	// HandlerTimeout bounds a keyed call's handler and ledger work. Keyed
 	// handlers run on a context that does not end when the client cancels
 	// or its deadline passes, so that work a client started is finished
@@ -300,6 +312,8 @@ func (c Config) Validate() error {
 	switch {
 	case c.RetryAfter < 0:
 		return configErr("RetryAfter is negative")
+	case c.AcquireWait < 0:
+		return configErr("AcquireWait is negative")
 	case c.HandlerTimeout < 0:
 		return configErr("HandlerTimeout is negative")
 	case c.ClockSkew < 0:
@@ -390,6 +404,7 @@ func newMethod(mc MethodConfig, c *Config) *method {
 		limit = min(limit, 36)
 	}
 	m := &method{MethodConfig: mc, spec: mc.spec()}
+	m.spec.AcquireWait = c.AcquireWait
 	m.maxKeyLen = m.spec.MaxKeyLen(limit, c.Principal != nil)
 	return m
 }

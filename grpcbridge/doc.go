@@ -75,6 +75,7 @@
 //	key run by a consumer or over HTTP   AlreadyExists       ALREADY_PROCESSED (metadata source), replayed
 //	key a consumer dead-lettered         FailedPrecondition  KEY_FAILED (metadata source), replayed
 //	store unavailable                    Unavailable         STORE_UNAVAILABLE, RetryInfo
+//	overloaded (no connection in time)   Unavailable         OVERLOADED, RetryInfo
 //	handler's transaction not committed  Internal            NOT_COMMITTED
 //	new key over MethodConfig.KeyRate    ResourceExhausted   KEY_RATE_EXCEEDED, RetryInfo
 //

@@ -50,6 +50,7 @@ const (
 	reasonElsewhere  = "ALREADY_PROCESSED"
 	reasonFailed     = "KEY_FAILED"
 	reasonStoreDown  = "STORE_UNAVAILABLE"
+	reasonOverloaded = "OVERLOADED"
 	reasonNotCommit  = "NOT_COMMITTED"
 	reasonKeyRate    = "KEY_RATE_EXCEEDED"
 )

@@ -50,6 +50,9 @@ func New(cfg Config) (*Bridge, error) {
 	if cfg.HandlerTimeout == 0 {
 		cfg.HandlerTimeout = DefaultHandlerTimeout
 	}
+	if cfg.AcquireWait == 0 {
+		cfg.AcquireWait = DefaultAcquireWait
+	}
 	if cfg.ClockSkew == 0 {
 		cfg.ClockSkew = DefaultClockSkew
 	}
@@ -413,9 +416,18 @@ func sourceName(s string) string {
 	return "the " + s + " path"
 }
 
-// failure answers a ledger or database error, or a handler's transaction
-// that did not commit.
+// failure answers a ledger or database error (a call shed for want of a
+// connection within Config.AcquireWait: Unavailable, OVERLOADED), or a
+// handler's transaction that did not commit.
 func (b *Bridge) failure(r inbox.Request, err error) error {
+	if errors.Is(err, inbox.ErrOverloaded) {
+		// Debug: under overload a line per shed call would be a log
+		// storm; justonce_ledger_overloaded_total counts them.
+		b.log.Debug("justonce/grpcbridge: overloaded, call shed", "key", r.Key.String(), "err", err)
+		return b.retryable(codes.Unavailable, reasonOverloaded,
+			"the server is overloaded; no database connection came free in time, so the call did not run and nothing was "+
+				"recorded; call again with the same key after the RetryInfo delay")
+	}
 	if inbox.IsTransient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		b.log.Warn("justonce/grpcbridge: store unavailable", "key", r.Key.String(), "err", err)
 		return b.retryable(codes.Unavailable, reasonStoreDown,
@@ -443,7 +455,7 @@ func (keylessTx) Rollback(context.Context) error { return inbox.ErrTxOwned }
 // but in a transaction, so that the handler has one code path.
 func (b *Bridge) serveKeyless(ctx context.Context, req any, full string, m *method, handler grpc.UnaryHandler) (any, error) {
 	r := inbox.Request{Key: inbox.Key{Scope: m.Scope}}
-	tx, err := b.cfg.Ledger.Pool().Begin(ctx)
+	tx, err := bridgereq.Begin(ctx, b.cfg.Ledger.Pool(), b.cfg.AcquireWait)
 	if err != nil {
 		return nil, b.failure(r, &inbox.StoreError{Op: "begin", Err: err})
 	}

@@ -383,7 +383,7 @@ func (h *handler) serveKeyless(w http.ResponseWriter, r *http.Request) {
 	}
 	s := h.s
 	ctx := r.Context()
-	tx, err := s.Ledger.Pool().Begin(ctx)
+	tx, err := bridgereq.Begin(ctx, s.Ledger.Pool(), s.AcquireWait)
 	if err != nil {
 		s.storeFailure(w, inbox.Request{Key: inbox.Key{Scope: h.rt.Scope}}, &inbox.StoreError{Op: "begin", Err: err})
 		return
@@ -688,9 +688,21 @@ func notCommitted(err error) (string, bool) {
 	return "", false
 }
 
-// storeFailure answers a ledger or database error: 503 when the store is
-// unavailable or the transaction lost a race (retrying is safe), else 500.
+// storeFailure answers a ledger or database error: 503 overloaded when the
+// request was shed (no connection within Config.AcquireWait), 503 when the
+// store is unavailable or the transaction lost a race (retrying is safe),
+// else 500.
 func (s *settings) storeFailure(w http.ResponseWriter, req inbox.Request, err error) {
+	if errors.Is(err, inbox.ErrOverloaded) {
+		// Debug: under overload a line per shed request would be a log
+		// storm; justonce_ledger_overloaded_total counts them.
+		s.log.Debug("justonce/httpbridge: overloaded, request shed", "key", req.Key.String(), "err", err)
+		writeProblem(w, ProblemOverloaded, http.StatusServiceUnavailable,
+			"the server is overloaded; no database connection came free in time, so the request did not run and nothing was "+
+				"recorded; send it again with the same key after Retry-After",
+			"Retry-After", s.retryAfter)
+		return
+	}
 	if inbox.IsTransient(err) || errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) {
 		s.log.Warn("justonce/httpbridge: store unavailable", "key", req.Key.String(), "err", err)
 		writeProblem(w, ProblemStoreUnavailable, http.StatusServiceUnavailable,

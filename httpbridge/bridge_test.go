@@ -60,7 +60,10 @@ func TestReplayIsIdenticalToFirstResponse(t *testing.T) {
 func TestConcurrentRequestsWithOneKeyRunOnce(t *testing.T) {
 	t.Parallel()
 	stores(t, func(t *testing.T, redisOn bool) {
-		b := setup(t, setupOpts{redis: redisOn, pg: []testsvc.PGOption{testsvc.MaxConns(16)}})
+		// One key's concurrency, not overload: the thousand requests wait
+		// for a connection as long as they need (no 503 overloaded).
+		b := setup(t, setupOpts{redis: redisOn, pg: []testsvc.PGOption{testsvc.MaxConns(16)},
+			cfg: httpbridge.Config{AcquireWait: time.Minute}})
 		const n = 1000
 		var answered atomic.Int64
 		gate := make(chan struct{})

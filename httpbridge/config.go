@@ -28,6 +28,10 @@ const (
 	defaultHandlerTimeout   = time.Minute
 )
 
+// DefaultAcquireWait is Config.AcquireWait's default: how long a request
+// waits for a database connection before it is shed with 503.
+const DefaultAcquireWait = bridgereq.DefaultAcquireWait
+
 // Config configures a Bridge: what is shared by every route. Per-route
 // settings are in RouteConfig. The zero value of every field but Ledger
 // is a working default.
@@ -85,8 +89,17 @@ type Config struct {
 	DenyHeaders []string
 
 	// RetryAfter is the Retry-After sent with 409 (in flight) and 503
-	// (store down). Default 1 s; it is rounded up to whole seconds.
+	// (store down, overloaded). Default 1 s; it is rounded up to whole seconds.
 	RetryAfter time.Duration
+	// AcquireWait bounds how long a request waits for a connection from
+	// the ledger's pool, where requests queue when the database cannot
+	// keep up. When it runs out (every connection in use), the request
+	// is shed: its handler does not run, nothing is recorded, and the
+	// client gets 503 (ProblemOverloaded) with Retry-After; its retry with
+	// the same key runs once. Default DefaultAcquireWait (1 s). It is
+	// checked before each ledger claim, and for a keyless request on a
+	// transactional route before its transaction begins.
+	AcquireWait time.Duration
 	// HandlerTimeout bounds a keyed request's handler and ledger work. Keyed
 	// handlers run on a context that does not end when the client goes
 	// away, so that work a client started is finished and recorded, and the
@@ -296,6 +309,9 @@ func (c Config) Validate() error {
 	if c.RetryAfter < 0 {
 		return configErr("RetryAfter is negative")
 	}
+	if c.AcquireWait < 0 {
+		return configErr("AcquireWait is negative")
+	}
 	if c.HandlerTimeout < 0 {
 		return configErr("HandlerTimeout is negative")
 	}
@@ -389,6 +405,9 @@ func newSettings(c Config) settings {
 	if c.HandlerTimeout == 0 {
 		c.HandlerTimeout = defaultHandlerTimeout
 	}
+	if c.AcquireWait == 0 {
+		c.AcquireWait = DefaultAcquireWait
+	}
 	s := settings{Config: c, deny: map[string]bool{}, log: c.Ledger.Logger()}
 	s.keyHeaders = append(s.keyHeaders, http.CanonicalHeaderKey(c.Header))
 	for _, h := range c.AltHeaders {
@@ -452,6 +471,7 @@ func newRoute(rc RouteConfig, s *settings) route {
 		rc.MaxResponseBytes = defaultMaxResponseBytes
 	}
 	rt := route{RouteConfig: rc, spec: rc.spec(), methods: map[string]bool{}}
+	rt.spec.AcquireWait = s.AcquireWait
 	for _, m := range rc.Methods {
 		rt.methods[m] = true
 	}

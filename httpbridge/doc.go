@@ -29,7 +29,10 @@
 //     Retry-After, nothing recorded;
 //   - the handler answered success but its transaction did not commit:
 //     500 not-committed, nothing stored, the key free;
-//   - database unreachable: 503 with Retry-After; nothing recorded.
+//   - database unreachable: 503 with Retry-After; nothing recorded;
+//   - database overloaded (no pool connection within Config.AcquireWait):
+//     503 overloaded with Retry-After; the request did not run, nothing
+//     recorded.
 //
 // Every answer about a recorded key says when the key expires
 // (Idempotency-Key-Expires, an HTTP-date; Config.ExpiresHeader): past it,

@@ -62,6 +62,11 @@ const (
 	// ProblemLeaseLost (500): a lease-mode handler outlived its lease and
 	// another attempt may have taken the key over.
 	ProblemLeaseLost = problemBase + "lease-lost"
+	// ProblemOverloaded (503): the ledger's database is busy: no
+	// connection of its pool came free within Config.AcquireWait, so the
+	// request was shed before it ran. Nothing was done or recorded; send it
+	// again with the same key after Retry-After.
+	ProblemOverloaded = problemBase + "overloaded"
 	// ProblemStoreUnavailable (503): the ledger's database is unreachable;
 	// nothing was recorded. Retry with the same key.
 	ProblemStoreUnavailable = problemBase + "store-unavailable"
@@ -92,6 +97,7 @@ var problemTitles = map[string]string{
 	ProblemReplayUnavailable: "Stored response unavailable",
 	ProblemLeaseLost:         "Lease lost",
 	ProblemStoreUnavailable:  "Idempotency store unavailable",
+	ProblemOverloaded:        "Server overloaded",
 	"about:blank":            "Internal Server Error",
 }
 

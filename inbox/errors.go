@@ -7,6 +7,7 @@ import (
 	"io"
 	"net"
 	"strings"
+	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 )
@@ -57,6 +58,14 @@ var (
 	// ledger gave it. The ledger owns that transaction; return an error to
 	// roll back.
 	ErrTxOwned = errors.New("justonce/inbox: the ledger owns this transaction")
+
+	// ErrOverloaded: no database connection came free within the
+	// request's AcquireWait (every connection of the pool stayed in use,
+	// or a new one could not be opened in time), so the call gave up
+	// before it claimed the key. Nothing ran and nothing
+	// was recorded; retrying the same key later is safe. The error is an
+	// *OverloadError. IsTransient reports it.
+	ErrOverloaded = errors.New("justonce/inbox: overloaded: no database connection within the acquire wait")
 
 	// ErrConfig: the Config is invalid. The error says which field.
 	ErrConfig = errors.New("justonce/inbox: invalid config")
@@ -131,6 +140,22 @@ func trimPrefix(err error) string {
 	return strings.TrimPrefix(err.Error(), "justonce/inbox: ")
 }
 
+// OverloadError is ErrOverloaded with the wait that ran out and the
+// pool's size.
+type OverloadError struct {
+	// Wait is the request's AcquireWait.
+	Wait time.Duration
+	// Conns is the pool's maximum size (pgxpool's MaxConns).
+	Conns int32
+}
+
+func (e *OverloadError) Error() string {
+	return fmt.Sprintf("justonce/inbox: overloaded: no database connection (of %d) within %s; nothing ran", e.Conns, e.Wait)
+}
+
+// Is reports whether target is ErrOverloaded.
+func (e *OverloadError) Is(target error) bool { return target == ErrOverloaded }
+
 // commitUnknownError is the cause of a StoreError whose commit was in
 // flight when the connection failed.
 type commitUnknownError struct{ err error }
@@ -164,7 +189,7 @@ func (e *RolledBackError) Is(target error) bool { return target == ErrRolledBack
 // the event, the request or the handler. It looks at the cause, not at
 // which step failed:
 //
-//   - transient: ErrCommitUnknown; SQLSTATE class 08 (connection), class
+//   - transient: ErrCommitUnknown; ErrOverloaded; SQLSTATE class 08 (connection), class
 //     53 (insufficient resources: too many connections, disk full, out of
 //     memory), class 58 (system error, I/O), 25006 (a read-only
 //     transaction: a server that became a standby, as after a failover),
@@ -185,7 +210,7 @@ func IsTransient(err error) bool {
 	if err == nil {
 		return false
 	}
-	if errors.Is(err, ErrCommitUnknown) {
+	if errors.Is(err, ErrCommitUnknown) || errors.Is(err, ErrOverloaded) {
 		return true
 	}
 	if errors.Is(err, ErrRolledBack) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {

@@ -51,16 +51,21 @@ func (l *Ledger) acquireLease(ctx context.Context, req Request, d time.Duration,
 		d = l.cfg.LeaseDuration
 	}
 	out, err = l.withWait(ctx, req, func() (Outcome, error) {
-		s, err := l.store.get(ctx, l.pool)
+		q, release, err := l.leaseQuerier(ctx, req)
+		if err != nil {
+			return Outcome{}, err
+		}
+		s, err := l.store.get(ctx, q)
 		var cr claimRow
 		if err == nil {
 			p := claimParams{req: req, ttl: l.ttl(req), lease: d, owner: l.cfg.Owner}
 			if steps {
-				cr, hasSteps, err = s.claimLeaseSteps(ctx, l.pool, p)
+				cr, hasSteps, err = s.claimLeaseSteps(ctx, q, p)
 			} else {
-				cr, err = s.claimLease(ctx, l.pool, p)
+				cr, err = s.claimLease(ctx, q, p)
 			}
 		}
+		release(err)
 		if err != nil {
 			return Outcome{}, storeErr("claim", err)
 		}

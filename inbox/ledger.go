@@ -192,9 +192,10 @@ func (l *Ledger) Validate(r Request) error {
 // ROLLBACK through Exec) fails with ErrTxOwned. Database failures are
 // *StoreError (errors.Is ErrStore);
 // ErrCommitUnknown means the commit's fate is unknown and a retry is safe;
-// IsTransient says which errors a retry can cure. The commit of a finished
-// handler is not cut short by ctx's cancellation; a cancelled wait for a key
-// in flight returns ctx's error.
+// IsTransient says which errors a retry can cure. With req.AcquireWait, no
+// connection of the pool within it is ErrOverloaded: fn did not run. The
+// commit of a finished handler is not cut short by ctx's cancellation; a
+// cancelled wait for a key in flight returns ctx's error.
 func (l *Ledger) Do(ctx context.Context, req Request, fn TxFunc) (Outcome, error) {
 	if err := l.Validate(req); err != nil {
 		return Outcome{}, err
@@ -239,9 +240,9 @@ func (l *Ledger) withWait(ctx context.Context, req Request, op func() (Outcome, 
 }
 
 func (l *Ledger) doOnce(ctx context.Context, req Request, fn TxFunc) (out Outcome, err error) {
-	pc, err := l.pool.Acquire(ctx)
+	pc, err := l.acquire(ctx, req)
 	if err != nil {
-		return Outcome{}, storeErr("acquire", err)
+		return Outcome{}, err
 	}
 	// A connection left inside a transaction is destroyed, not reused;
 	// one on a server that refused a write as read-only is closed.

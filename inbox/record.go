@@ -117,4 +117,13 @@ type Request struct {
 	// Zero (the default, and what consumers use: the broker redelivers)
 	// answers InFlight at once.
 	LockWait time.Duration
+	// AcquireWait bounds the wait for a connection from the ledger's pool
+	// (Do, AcquireLease, DoLeased, DoSteps): when every connection stays
+	// in use that long, the call gives up with an *OverloadError
+	// (ErrOverloaded) before it claims the key: nothing runs, nothing is
+	// recorded. Zero (the default, and what consumers use: under load
+	// their fetches pause) waits as long as ctx allows. The request
+	// fronts set it (httpbridge and grpcbridge Config.AcquireWait) so that
+	// an overloaded database sheds requests instead of queueing them.
+	AcquireWait time.Duration
 }

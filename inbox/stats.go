@@ -17,6 +17,10 @@ type Counters struct {
 	// the first call the new master answers): the fast path is back.
 	RedisRecoveries uint64
 	LeasesLost      uint64 // leases found taken over or released when renewing, completing or recording a step
+	// Overloaded counts calls that gave up waiting for a connection
+	// (Request.AcquireWait ran out with the pool fully in use): shed,
+	// nothing ran. They are counted in Errors too.
+	Overloaded uint64
 
 	// Steps (DoSteps) this process ran and recorded, by kind: Postgres
 	// steps (Steps.Tx), outside calls (Steps.Call) and compensations.
@@ -28,7 +32,7 @@ type Counters struct {
 }
 
 type counters struct {
-	executed, duplicates, cacheHits, inFlight, mismatches, errors, redisFallbacks, redisRecoveries, leasesLost atomic.Uint64
+	executed, duplicates, cacheHits, inFlight, mismatches, errors, redisFallbacks, redisRecoveries, leasesLost, overloaded atomic.Uint64
 
 	stepsTx, stepsCall, stepsCompensate, stepsResumed atomic.Uint64
 }
@@ -40,7 +44,8 @@ func (l *Ledger) Counters() Counters {
 		Executed: c.executed.Load(), Duplicates: c.duplicates.Load(), CacheHits: c.cacheHits.Load(),
 		InFlight: c.inFlight.Load(), Mismatches: c.mismatches.Load(), Errors: c.errors.Load(),
 		RedisFallbacks: c.redisFallbacks.Load(), RedisRecoveries: c.redisRecoveries.Load(), LeasesLost: c.leasesLost.Load(),
-		StepsTx: c.stepsTx.Load(), StepsCall: c.stepsCall.Load(), StepsCompensate: c.stepsCompensate.Load(),
+		Overloaded: c.overloaded.Load(),
+		StepsTx:    c.stepsTx.Load(), StepsCall: c.stepsCall.Load(), StepsCompensate: c.stepsCompensate.Load(),
 		StepsResumed: c.stepsResumed.Load(),
 	}
 }

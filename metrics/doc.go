@@ -22,6 +22,8 @@
 //	justonce_ledger_redis_recoveries_total              Redis calls answered after others had failed:
 //	                                                    the end of a fallback episode
 //	justonce_ledger_leases_lost_total                   leases found taken over or released
+//	justonce_ledger_overloaded_total                    calls shed: no connection came free within
+//	                                                    the request's acquire wait; nothing ran
 //	justonce_ledger_steps_total{kind}                   steps (DoSteps) run and recorded: tx, call,
 //	                                                    compensate
 //	justonce_ledger_steps_resumed_total                 steps skipped because recorded already

@@ -54,6 +54,7 @@ func ExampleNewLedgerCollector() {
 	// justonce_ledger_redis_fallbacks_total
 	// justonce_ledger_redis_recoveries_total
 	// justonce_ledger_leases_lost_total
+	// justonce_ledger_overloaded_total
 	// justonce_ledger_steps_total
 	// justonce_ledger_steps_resumed_total
 	// justonce_ledger_rows

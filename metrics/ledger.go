@@ -46,10 +46,10 @@ type LedgerCollector struct {
 	ledger *inbox.Ledger
 	cfg    LedgerConfig
 
-	calls, cacheReplays, redisFallbacks, redisRecoveries, leasesLost *prometheus.Desc
-	steps, stepsResumed                                              *prometheus.Desc
-	rows, leaseOverdue, statsUp                                      *prometheus.Desc
-	durable, standbys, syncStandbys, replicationUp                   *prometheus.Desc
+	calls, cacheReplays, redisFallbacks, redisRecoveries, leasesLost, overloaded *prometheus.Desc
+	steps, stepsResumed                                                          *prometheus.Desc
+	rows, leaseOverdue, statsUp                                                  *prometheus.Desc
+	durable, standbys, syncStandbys, replicationUp                               *prometheus.Desc
 
 	mu     sync.Mutex // one query at a time; guards the cache
 	last   []inbox.ScopeStats
@@ -75,6 +75,8 @@ func NewLedgerCollector(l *inbox.Ledger, cfg LedgerConfig) *LedgerCollector {
 			"Redis calls answered after one or more had failed: the end of a fallback episode, when the fast path is back (after a Sentinel failover, once the new master answers).", nil, nil),
 		leasesLost: prometheus.NewDesc("justonce_ledger_leases_lost_total",
 			"Leases found taken over or released when renewing or completing them, or recording a step.", nil, nil),
+		overloaded: prometheus.NewDesc("justonce_ledger_overloaded_total",
+			"Ledger calls shed because no database connection came free within their acquire wait (inbox.Request.AcquireWait, the bridges' Config.AcquireWait): nothing ran; the bridges answered 503 or Unavailable. Also counted as calls with disposition error.", nil, nil),
 		steps: prometheus.NewDesc("justonce_ledger_steps_total",
 			"Steps (inbox.Ledger.DoSteps) this process ran and recorded, by kind: tx (a Postgres step, its writes and its record in one transaction), call (an outside call, recorded after it returned), compensate (the undoing of a completed step after a permanent failure).",
 			[]string{"kind"}, nil),
@@ -101,7 +103,7 @@ func NewLedgerCollector(l *inbox.Ledger, cfg LedgerConfig) *LedgerCollector {
 
 // Describe implements prometheus.Collector.
 func (c *LedgerCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.calls, c.cacheReplays, c.redisFallbacks, c.redisRecoveries, c.leasesLost,
+	for _, d := range []*prometheus.Desc{c.calls, c.cacheReplays, c.redisFallbacks, c.redisRecoveries, c.leasesLost, c.overloaded,
 		c.steps, c.stepsResumed} {
 		ch <- d
 	}
@@ -135,6 +137,7 @@ func (c *LedgerCollector) Collect(ch chan<- prometheus.Metric) {
 	counter(c.redisFallbacks, n.RedisFallbacks)
 	counter(c.redisRecoveries, n.RedisRecoveries)
 	counter(c.leasesLost, n.LeasesLost)
+	counter(c.overloaded, n.Overloaded)
 	counter(c.steps, n.StepsTx, string(inbox.StepTx))
 	counter(c.steps, n.StepsCall, string(inbox.StepCall))
 	counter(c.steps, n.StepsCompensate, string(inbox.StepCompensate))

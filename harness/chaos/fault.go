@@ -10,6 +10,8 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/justonce/justonce/consumer"
 	"github.com/justonce/justonce/harness/testsvc"
 )
@@ -30,7 +32,7 @@ type fault interface {
 func (e *env) faults() map[string]fault {
 	fs := []fault{&consumerKill{e}, &relayKill{e: e}, &redisOutage{e: e}, &pgTerminate{e}, &pgCrash{e: e},
 		&kafkaCrash{e: e}, &natsRestart{e: e}, &netFault{e: e}, &release{e}, &pgFailover{e: e}, &redisFailover{e: e},
-		&natsLeaderKill{e: e}}
+		&natsLeaderKill{e: e}, &overload{e: e}}
 	m := map[string]fault{}
 	for _, f := range fs {
 		m[f.name()] = f
@@ -436,4 +438,59 @@ func (e *env) natsLeadStream() (stream, durable string) {
 		return "CHAOS", "chaos"
 	}
 	return hopStream, "chaos-hop"
+}
+
+// overload makes the ledger's Postgres the bottleneck: a transaction takes
+// a SHARE lock on the effects table (reads go on, every handler's INSERT
+// waits), and holds it for -overload-for. Every handler then holds its
+// transaction and its connection: the workers' pools fill, the HTTP and
+// gRPC bridges shed what waits longer than their AcquireWait (503
+// overloaded, Unavailable OVERLOADED; the clients retry with the same
+// key), the consumers stall with their fetches paused. Heal releases the
+// lock and everything drains: each event and key must still have exactly
+// one effect.
+type overload struct {
+	e  *env
+	tx pgx.Tx
+	t0 time.Time
+}
+
+func (f *overload) name() string { return fOverload }
+
+func (f *overload) inject(ctx context.Context) (bool, error) {
+	tx, err := f.e.pool.Begin(ctx)
+	if err != nil {
+		return false, nil
+	}
+	// A lock that does not come at once (a failover under way) is tried
+	// later.
+	_, err = tx.Exec(ctx, `SET LOCAL lock_timeout = '5s'`)
+	if err == nil {
+		_, err = tx.Exec(ctx, `LOCK TABLE effects IN SHARE MODE`)
+	}
+	if err != nil {
+		_ = tx.Rollback(context.WithoutCancel(ctx))
+		return false, nil
+	}
+	fmt.Fprintf(errOut, "chaos: overload: effects locked for %s\n", f.e.o.overloadFor)
+	f.tx, f.t0 = tx, time.Now()
+	return true, nil
+}
+
+func (f *overload) heal(ctx context.Context) error {
+	t := time.NewTimer(f.e.o.overloadFor)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+	case <-t.C:
+	}
+	rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), 10*time.Second)
+	defer cancel()
+	err := f.tx.Rollback(rctx)
+	f.e.sum.down[fOverload] = append(f.e.sum.down[fOverload], time.Since(f.t0))
+	if err != nil && !errors.Is(err, pgx.ErrTxClosed) {
+		// The lock's connection died (a Postgres fault): the lock went with it.
+		fmt.Fprintf(errOut, "chaos: overload: release: %v\n", err)
+	}
+	return nil
 }

@@ -340,6 +340,27 @@ func (l *keyLoad) countMismatched() int {
 	return l.mismatched
 }
 
+// countShed counts the answers 503 overloaded (the bridge shed the
+// attempt) its client gets, in n.
+type countShed struct {
+	rt http.RoundTripper
+	n  *atomic.Int64
+}
+
+func (c countShed) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.rt.RoundTrip(r)
+	if err != nil || resp.StatusCode != http.StatusServiceUnavailable {
+		return resp, err
+	}
+	b, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	resp.Body = io.NopCloser(bytes.NewReader(b))
+	if bytes.Contains(b, []byte(httpbridge.ProblemOverloaded)) {
+		c.n.Add(1)
+	}
+	return resp, err
+}
+
 // httpSend returns a keyLoad's send: POST path on base with the key, an
 // httpretry client retrying up to attempts times; the answer is the body
 // of a 2xx.
@@ -386,7 +407,7 @@ func (e *env) startHTTP(ctx context.Context) error {
 			return err
 		}
 		e.onCleanup(srv.Close)
-		l.send = httpSend(nil, srv.URL+"/pay", 100, false)
+		l.send = httpSend(countShed{rt: http.DefaultTransport, n: &e.sum.shed}, srv.URL+"/pay", 100, false)
 		var keys []string
 		for k := 0; k < e.o.httpKeys; k++ {
 			keys = append(keys, "h-"+strconv.Itoa(k))
@@ -401,7 +422,7 @@ func (e *env) startHTTP(ctx context.Context) error {
 		addrs = append(addrs, addr)
 		e.startSlot("http", i, append([]string{"-transport", "http", "-listen", addr}, e.common...))
 	}
-	l.send = httpSend(&rotate{addrs: addrs, rt: http.DefaultTransport}, "http://h/pay", 200, false)
+	l.send = httpSend(countShed{rt: &rotate{addrs: addrs, rt: http.DefaultTransport}, n: &e.sum.shed}, "http://h/pay", 200, false)
 	p := l.producer(ctx, &e.reqWG, "h-", e.o.httpKeys, e.o.httpClients)
 	e.producers["http"] = p
 	return nil

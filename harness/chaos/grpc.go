@@ -12,14 +12,18 @@ import (
 	"fmt"
 	mrand "math/rand/v2"
 	"strconv"
+	"sync/atomic"
 	"time"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	gbackoff "google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/metadata"
 	"google.golang.org/grpc/resolver"
 	"google.golang.org/grpc/resolver/manual"
+	"google.golang.org/grpc/status"
 
 	"github.com/justonce/justonce/backoff"
 	"github.com/justonce/justonce/grpcbridge"
@@ -51,8 +55,9 @@ func (e *env) startGRPC(ctx context.Context) error {
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
 		grpc.WithDefaultServiceConfig(`{"loadBalancingConfig":[{"round_robin":{}}]}`),
 		grpc.WithConnectParams(grpc.ConnectParams{Backoff: grpcBackoff, MinConnectTimeout: time.Second}),
-		grpc.WithUnaryInterceptor(grpcretry.UnaryClientInterceptor(grpcretry.Config{MaxAttempts: 100,
-			Backoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}})))
+		grpc.WithChainUnaryInterceptor(grpcretry.UnaryClientInterceptor(grpcretry.Config{MaxAttempts: 100,
+			Backoff: backoff.Backoff{Initial: 20 * time.Millisecond, Max: 500 * time.Millisecond}}),
+			countShedGRPC(&e.sum.shed)))
 	if err != nil {
 		return err
 	}
@@ -80,6 +85,23 @@ func (e *env) startGRPC(ctx context.Context) error {
 	}
 	e.producers["grpc"] = l.producer(ctx, &e.reqWG, "g-", e.o.grpcKeys, e.o.httpClients)
 	return nil
+}
+
+// countShedGRPC counts, in n, the attempts the bridge shed (Unavailable
+// with the ErrorInfo reason OVERLOADED); it runs inside grpcretry, once
+// per attempt.
+func countShedGRPC(n *atomic.Int64) grpc.UnaryClientInterceptor {
+	return func(ctx context.Context, method string, req, reply any, cc *grpc.ClientConn, invoker grpc.UnaryInvoker, opts ...grpc.CallOption) error {
+		err := invoker(ctx, method, req, reply, cc, opts...)
+		if st, ok := status.FromError(err); ok && st.Code() == codes.Unavailable {
+			for _, d := range st.Details() {
+				if ei, ok := d.(*errdetails.ErrorInfo); ok && ei.GetReason() == "OVERLOADED" {
+					n.Add(1)
+				}
+			}
+		}
+		return err
+	}
 }
 
 // grpcBackoff reconnects to a restarted server within a second.

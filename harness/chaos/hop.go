@@ -481,7 +481,7 @@ func (e *env) startHops(ctx context.Context) error {
 		// random (a killed one refuses; the retry goes elsewhere or to its
 		// successor).
 		h.load = &keyLoad{name: pipeHK, sem: make(chan struct{}, 16),
-			send: httpSend(&rotate{addrs: hopAddrs, rt: http.DefaultTransport}, "http://a/order", 200, e.stats != nil)}
+			send: httpSend(countShed{rt: &rotate{addrs: hopAddrs, rt: http.DefaultTransport}, n: &e.sum.shed}, "http://a/order", 200, e.stats != nil)}
 		e.producers[pipeHK] = h.load.producer(ctx, &e.reqWG, "y-", e.o.twoHopHTTPKeys, e.o.httpClients)
 	}
 	return nil

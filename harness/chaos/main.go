@@ -152,6 +152,8 @@ type options struct {
 	pgFailovers     int           // Postgres primary SIGKILLed, synchronous standby promoted (0: a single Postgres)
 	redisFailovers  int           // Redis master SIGKILLed, Sentinel promotes the replica (0: a single Redis)
 	natsLeaderKills int           // the JetStream stream leader's node killed (0: a single NATS server)
+	overloads       int           // every handler stalled on the effects table for overloadFor (0: none)
+	overloadFor     time.Duration // how long an overload holds the handlers
 	soak            soakOptions   // -soak: a soak run instead (soak.go)
 }
 
@@ -229,6 +231,8 @@ func parseFlags() options {
 	flag.StringVar(&o.kafkaPub, "kafka-publisher", pubKafkaGo, "the outbox relays' Kafka client: "+pubKafkaGo+" (kafkainbox.NewOutboxPublisher) or "+pubFranzGo+" (franzinbox.NewOutboxPublisher)")
 	flag.IntVar(&o.pgFailovers, "pg-failovers", 0, "run on a Postgres primary with a synchronous streaming standby (started by the run) and fail over this many times: SIGKILL the primary, promote the standby, rebuild the dead node as its standby (0: the single Postgres of services.sh)")
 	flag.IntVar(&o.redisFailovers, "redis-failovers", 0, "run the ledgers' Redis behind Sentinel (a master, a replica, three sentinels, started by the run) and fail over this many times: SIGKILL the master, wait for the sentinels to promote the replica (0: a single Redis)")
+	flag.IntVar(&o.overloads, "overloads", 0, "overload the ledger's Postgres this many times: a SHARE lock on the effects table holds every handler's INSERT, with its connection, for -overload-for, so that the workers' pools fill, the HTTP and gRPC bridges shed (503 overloaded, Unavailable OVERLOADED) and the clients retry, and the consumers stall with their fetches paused (0: none)")
+	flag.DurationVar(&o.overloadFor, "overload-for", 3*time.Second, "how long each -overloads episode holds the handlers (over the bridges' AcquireWait, 1 s, for them to shed)")
 	flag.IntVar(&o.natsLeaderKills, "nats-leader-kills", 0, "run NATS as a three-node JetStream cluster (streams with Replicas 3) and kill the node leading the stream this many times (0: a single NATS server)")
 	o.soak.flags(flag.CommandLine)
 	flag.Parse()
@@ -244,6 +248,9 @@ func (o *options) check() error {
 		if n < 0 {
 			return fmt.Errorf("a failover count is negative")
 		}
+	}
+	if o.overloads < 0 || o.overloadFor <= 0 {
+		return fmt.Errorf("-overloads is negative or -overload-for not positive")
 	}
 	return nil
 }

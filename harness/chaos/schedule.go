@@ -31,7 +31,8 @@ func newSchedule(e *env) *schedule {
 		n    int
 	}{{fKill, o.kills}, {fRelayKill, o.relayKills}, {fRedis, o.redisOutages}, {fPgTerminate, o.pgTerminates},
 		{fPgCrash, o.pgCrashes}, {fKafkaCrash, o.kafkaCrashes}, {fNatsRestart, o.natsRestarts}, {fNet, o.netFaults},
-		{fPgFailover, o.pgFailovers}, {fRedisFailover, o.redisFailovers}, {fNatsLeader, o.natsLeaderKills}} {
+		{fPgFailover, o.pgFailovers}, {fRedisFailover, o.redisFailovers}, {fNatsLeader, o.natsLeaderKills},
+		{fOverload, o.overloads}} {
 		e.sum.asked[k.kind] = k.n
 		for i := 0; i < k.n; i++ {
 			s.queue = append(s.queue, k.kind)

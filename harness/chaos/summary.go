@@ -23,6 +23,9 @@ const (
 	fPgFailover    = "Postgres failover"
 	fRedisFailover = "Redis Sentinel failover"
 	fNatsLeader    = "NATS stream leader kill"
+	// fOverload stalls every handler on the effects table: the workers'
+	// pools fill, the bridges shed (-overloads).
+	fOverload = "overload (effects locked)"
 )
 
 var faultOrder = []string{fKill, fRelayKill, fRedis, fPgTerminate, fPgCrash, fKafkaCrash, fNatsRestart, fNet, fRelease}
@@ -34,6 +37,7 @@ const janitorScope = "chaos-janitor"
 
 // summary is what the run did and found.
 type summary struct {
+	shed                                     atomic.Int64 // answers 503 overloaded / Unavailable OVERLOADED the clients got
 	transports                               []string
 	produced, duplicates, unique             map[string]int
 	hostile                                  map[string]map[hostileKind]int
@@ -127,6 +131,9 @@ func (s *summary) printFaults(w io.Writer) {
 			kinds = append(kinds, f)
 		}
 	}
+	if s.asked[fOverload] > 0 || s.faults[fOverload] > 0 {
+		kinds = append(kinds, fOverload)
+	}
 	for _, f := range kinds {
 		extra := s.faultExtra(f)
 		if d := s.down[f]; len(d) > 0 {
@@ -194,6 +201,8 @@ func (s *summary) faultExtra(f string) string {
 		return " (master SIGKILLed, replica promoted by the sentinels)"
 	case fNatsLeader:
 		return " (the node leading the stream killed, then restarted)"
+	case fOverload:
+		return fmt.Sprintf(" (every handler's INSERT held by a SHARE lock on effects: the pools fill, the bridges shed; clients saw %d answers 503 overloaded)", s.shed.Load())
 	}
 	return ""
 }

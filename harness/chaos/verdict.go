@@ -107,7 +107,7 @@ func (e *env) verdictLoads() {
 // the reset-peer faults of a long enough run hit a COMMIT in flight.
 func (e *env) verdictFaults() {
 	sum, o := e.sum, e.o
-	for _, f := range append(append([]string(nil), faultOrder...), haFaultOrder...) {
+	for _, f := range append(append(append([]string(nil), faultOrder...), haFaultOrder...), fOverload) {
 		if sum.faults[f] < sum.asked[f] {
 			sum.problem("only %d × %s injected, %d asked", sum.faults[f], f, sum.asked[f])
 		}

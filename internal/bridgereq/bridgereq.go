@@ -39,7 +39,14 @@ type Spec struct {
 	KeyRate *inbox.KeyRate
 	// Observe records keys under Scope + ObserveSuffix (observe mode).
 	Observe bool
+	// AcquireWait is the request's inbox.Request.AcquireWait: the bound
+	// on its wait for a database connection (the front's
+	// Config.AcquireWait).
+	AcquireWait time.Duration
 }
+
+// DefaultAcquireWait is the fronts' default Config.AcquireWait.
+const DefaultAcquireWait = time.Second
 
 // NewRequestSuffixLen is what NewRequest appends to the ledger ID: "~" and
 // 16 base64url characters of the fingerprint.
@@ -66,6 +73,8 @@ func (s Spec) Validate() error {
 		return errors.New("TTL is negative")
 	case s.LockWait < 0:
 		return errors.New("LockWait is negative")
+	case s.AcquireWait < 0:
+		return errors.New("AcquireWait is negative")
 	}
 	return nil
 }
@@ -121,6 +130,7 @@ func (s *Spec) Request(l *inbox.Ledger, key string, fp []byte, tenant, principal
 		Source:      s.Source,
 		TTL:         s.TTL,
 		LockWait:    s.LockWait,
+		AcquireWait: s.AcquireWait,
 	}
 	if s.Principal == inbox.PrincipalIsolated && principal != "" {
 		r.ID = inbox.PrincipalKeyID(key, principal)
