@@ -49,6 +49,7 @@ const (
 	reasonFSMissing  = "FIRST_SENT_MISSING"
 	reasonElsewhere  = "ALREADY_PROCESSED"
 	reasonFailed     = "KEY_FAILED"
+	reasonGone       = "RESPONSE_EXPIRED"
 	reasonStoreDown  = "STORE_UNAVAILABLE"
 	reasonNotCommit  = "NOT_COMMITTED"
 	reasonKeyRate    = "KEY_RATE_EXCEEDED"

@@ -102,7 +102,7 @@ func TestMeasureResultClockChurn(t *testing.T) {
 				var p phase
 				require.NoError(t, pg.Pool.QueryRow(ctx, `SELECT coalesce(sum(record_length), 0), coalesce(sum(fpi_length), 0),
 					count(*) FILTER (WHERE resource_manager = 'Heap' AND record_type IN ('UPDATE', 'HOT_UPDATE', 'DELETE'))
-					FROM pg_get_wal_records_info($1::pg_lsn, pg_current_wal_lsn()) WHERE block_ref ~ $2`,
+					FROM pg_get_wal_records_info_till_end_of_wal($1::pg_lsn) WHERE block_ref ~ $2`,
 					from, re).Scan(&p.wal, &p.fpi, &p.dead))
 				return p
 			}
