@@ -383,7 +383,7 @@ func configErr(format string, args ...any) error {
 func (mc MethodConfig) spec() bridgereq.Spec {
 	return bridgereq.Spec{Scope: mc.Scope, Source: Source, TTL: mc.TTL, ResultTTL: mc.ResultTTL, LockWait: mc.LockWait,
 		Principal: mc.PrincipalKeys,
-		KeyRate: mc.KeyRate, Observe: mc.Observe}
+		KeyRate:   mc.KeyRate, Observe: mc.Observe}
 }
 
 // method is a MethodConfig with its defaults applied.
