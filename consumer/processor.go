@@ -39,6 +39,10 @@ type Hooks struct {
 	// stream's) redelivery horizon against the ledger's TTL (see
 	// Config.Horizon); once per topic, before Run consumes.
 	OnHorizon func(h Horizon)
+	// OnObserve: in observe mode (Config.Observe), what dedupe would have
+	// done with an attempt at m that ran anyway: WouldRun, WouldSkip,
+	// WouldConflict, WouldRefuseMissingKey or WouldRefuseInvalidKey.
+	OnObserve func(m *Message, would string)
 }
 
 // DefaultBackoffMax is the longest wait between a message's attempts when
@@ -111,6 +115,15 @@ type Config struct {
 	// (a dead-letter topic or subject). Nil: the failure is only recorded
 	// in the ledger (status failed) and logged.
 	DeadLetter func(ctx context.Context, m *Message, cause error) error
+	// Observe runs the consumer as the at-least-once consumer it
+	// replaces: every message's handler runs, duplicates too, while the
+	// ledger records each message's ID, under the scope Scope +
+	// ObserveSuffix, so that Hooks.OnObserve and the log say what dedupe
+	// would have done (a duplicate it would have skipped, or an ID in
+	// flight, at INFO; a message it would have dead-lettered for its ID,
+	// at WARN). Those IDs never meet an enforcing consumer's: switching to
+	// enforce starts from no IDs. See observe.go. Default false.
+	Observe bool
 	// Middleware wraps the handler, outermost first.
 	Middleware []Middleware
 	// Hooks observe the runtime.
@@ -270,7 +283,7 @@ func SetResult(ctx context.Context, res inbox.Result) {
 }
 
 func (p *Processor) request(m *Message) inbox.Request {
-	r := inbox.Request{Key: inbox.Key{Scope: p.cfg.Scope, ID: m.ID}, Source: p.cfg.Source, TTL: p.cfg.TTL}
+	r := inbox.Request{Key: inbox.Key{Scope: p.scope(), ID: m.ID}, Source: p.cfg.Source, TTL: p.cfg.TTL}
 	if p.cfg.Tenant != nil {
 		r.Tenant = p.cfg.Tenant(m)
 	}
@@ -306,6 +319,9 @@ func (p *Processor) Process(ctx context.Context, m *Message) Decision {
 	}
 	if err := ctx.Err(); err != nil {
 		return Decision{Action: Stop, Err: err}
+	}
+	if p.cfg.Observe {
+		return p.observe(ctx, m)
 	}
 	if m.ID == "" {
 		id, err := p.cfg.ID(m)

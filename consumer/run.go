@@ -52,6 +52,10 @@ func (p *Processor) ProcessRun(ctx context.Context, msgs []*Message, lim RunLimi
 	if err := ctx.Err(); err != nil {
 		return []Decision{{Action: Stop, Err: err}}
 	}
+	if p.cfg.Observe {
+		// Observe mode runs each message on its own (a run of one).
+		return []Decision{p.Process(ctx, msgs[0])}
+	}
 	reqs := make([]inbox.Request, 0, len(msgs))
 	for _, m := range msgs {
 		if m.Attempt < 1 {

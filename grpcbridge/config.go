@@ -229,6 +229,21 @@ type MethodConfig struct {
 	// unless AllowShortTTL. Every answer about a key says when it expires
 	// (Config.ExpiresKey).
 	TTL time.Duration
+	// ResultTTL is how long the method's stored answers are kept, when
+	// shorter than TTL: past it the key is still remembered (a retry does
+	// not run the handler again, and a reuse with another request is
+	// still IDEMPOTENCY_KEY_REUSED), but its answer is no longer replayed
+	// and the janitor clears it from the ledger. A retry then gets
+	// StaleResponse's answer, else AlreadyExists (RESPONSE_EXPIRED).
+	// 0: the ledger's Config.ResultTTL (by default: as long as the key).
+	ResultTTL time.Duration
+	// StaleResponse, when set, answers a retry whose stored answer is
+	// gone (ResultTTL): typically the resource's current state, as the
+	// method's response message (AEP-155 lets a server answer a stale
+	// success so). req is the retry's request message. A nil response
+	// and nil error mean it has no answer: the bridge then answers
+	// AlreadyExists (RESPONSE_EXPIRED); an error is answered as it is.
+	StaleResponse func(ctx context.Context, req any, info StaleInfo) (any, error)
 	// AllowShortTTL lets the method's TTL be under Config.MinTTL, for a
 	// method whose clients are told, and retry within, a shorter window.
 	AllowShortTTL bool
@@ -380,8 +395,9 @@ func configErr(format string, args ...any) error {
 
 // spec is the method's key policy, as the bridges share it.
 func (mc MethodConfig) spec() bridgereq.Spec {
-	return bridgereq.Spec{Scope: mc.Scope, Source: Source, TTL: mc.TTL, LockWait: mc.LockWait, Principal: mc.PrincipalKeys,
-		KeyRate: mc.KeyRate, Observe: mc.Observe}
+	return bridgereq.Spec{Scope: mc.Scope, Source: Source, TTL: mc.TTL, ResultTTL: mc.ResultTTL, LockWait: mc.LockWait,
+		Principal: mc.PrincipalKeys,
+		KeyRate:   mc.KeyRate, Observe: mc.Observe}
 }
 
 // method is a MethodConfig with its defaults applied.

@@ -74,6 +74,7 @@
 //	same key, same request, completed    the stored answer   header metadata idempotent-replayed: true
 //	key run by a consumer or over HTTP   AlreadyExists       ALREADY_PROCESSED (metadata source), replayed
 //	key a consumer dead-lettered         FailedPrecondition  KEY_FAILED (metadata source), replayed
+//	answer past MethodConfig.ResultTTL   AlreadyExists       RESPONSE_EXPIRED (metadata completed_at), replayed
 //	store unavailable                    Unavailable         STORE_UNAVAILABLE, RetryInfo
 //	overloaded (no connection in time)   Unavailable         OVERLOADED, RetryInfo
 //	handler's transaction not committed  Internal            NOT_COMMITTED

@@ -49,6 +49,7 @@ const (
 	reasonFSMissing  = "FIRST_SENT_MISSING"
 	reasonElsewhere  = "ALREADY_PROCESSED"
 	reasonFailed     = "KEY_FAILED"
+	reasonGone       = "RESPONSE_EXPIRED"
 	reasonStoreDown  = "STORE_UNAVAILABLE"
 	reasonOverloaded = "OVERLOADED"
 	reasonNotCommit  = "NOT_COMMITTED"

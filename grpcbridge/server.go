@@ -238,6 +238,9 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 		b.flush(ctx, bs)
 		return resp, herr
 	}
+	if rec := out.Record; out.Disposition == inbox.Duplicate && rec != nil && rec.ResultGone && rec.Status == inbox.StatusDone {
+		return b.stale(ctx, md, req, m, r, ck, rec)
+	}
 	return b.answer(ctx, md, r, ck, out)
 }
 

@@ -609,6 +609,10 @@ func (h *handler) replay(w http.ResponseWriter, r *http.Request, req inbox.Reque
 			rh...)
 		return
 	}
+	if rec != nil && rec.ResultGone {
+		h.stale(w, r, req, rec, rh)
+		return
+	}
 	res := out.Result
 	if res.Code == 0 {
 		// A consumer ran this key and recorded no HTTP response.

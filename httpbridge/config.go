@@ -209,6 +209,21 @@ type RouteConfig struct {
 	// TTL is how long a key is remembered. 0: the ledger's default (24 h).
 	// Every answer about a key says when it expires (Config.ExpiresHeader).
 	TTL time.Duration
+	// ResultTTL is how long the route's stored responses are kept, when
+	// shorter than TTL: past it the key is still remembered (a retry does
+	// not run the handler again, and a reuse with another request is
+	// still 422 key-reused), but its response is no longer replayed and
+	// the janitor clears it from the ledger. A retry then gets
+	// StaleResponse's answer, else 422 (response-expired). 0: the
+	// ledger's Config.ResultTTL (by default: as long as the key).
+	ResultTTL time.Duration
+	// StaleResponse, when set, answers a retry whose stored response is
+	// gone (ResultTTL): typically the resource's current state (200), or
+	// a 303 See Other to it. The bridge has set the replay and expiry
+	// headers; r's body has been read (the key is in info). It returns
+	// false, having written nothing, when it has no answer: the bridge
+	// then answers 422 (response-expired).
+	StaleResponse func(w http.ResponseWriter, r *http.Request, info StaleInfo) bool
 	// Store decides which response statuses are stored (and their effect
 	// committed). A status it refuses is rolled back: the handler's writes
 	// are undone, the key stays free, and the client still gets the
@@ -443,7 +458,7 @@ var alwaysDenied = []string{
 
 // spec is the route's key policy, as the bridges share it.
 func (rc RouteConfig) spec() bridgereq.Spec {
-	return bridgereq.Spec{Scope: rc.Scope, Source: Source, TTL: rc.TTL, LockWait: rc.LockWait,
+	return bridgereq.Spec{Scope: rc.Scope, Source: Source, TTL: rc.TTL, ResultTTL: rc.ResultTTL, LockWait: rc.LockWait,
 		Principal: rc.PrincipalKeys, NewRequest: rc.Mismatch == MismatchNewRequest,
 		KeyRate: rc.KeyRate, Observe: rc.Observe}
 }

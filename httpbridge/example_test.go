@@ -323,3 +323,74 @@ func ExampleRouteConfig_keyRate() {
 	// o-3 429 Retry-After set: true
 	// o-1 again: 201 replayed: true
 }
+
+// A route that keeps its keys for 30 days but their stored responses,
+// which may hold personal data, for a short while only (here 200 ms): a
+// retry after the response is gone does not run again; the route's
+// StaleResponse sends the client to the order's current state, and
+// without it (or when it has no answer) the client gets 422
+// response-expired.
+func ExampleRouteConfig_resultTTL() {
+	pool, done := exampleDB()
+	defer done()
+	ledger, err := inbox.New(pool, inbox.Config{})
+	if err != nil {
+		log.Fatal(err)
+	}
+	bridge, err := httpbridge.New(httpbridge.Config{Ledger: ledger})
+	if err != nil {
+		log.Fatal(err)
+	}
+	createOrder := http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		key, _ := httpbridge.Key(r.Context()) // the order remembers its key
+		var id int64
+		if err := httpbridge.Tx(r.Context()).QueryRow(r.Context(),
+			`INSERT INTO orders (body) VALUES ($1) RETURNING id`, key).Scan(&id); err != nil {
+			http.Error(w, "try again", http.StatusServiceUnavailable)
+			return
+		}
+		w.WriteHeader(http.StatusCreated)
+		fmt.Fprintf(w, `{"order":%d,"card":"4242…"}`, id)
+	})
+	rc := httpbridge.RouteConfig{
+		Scope:     "orders",
+		TTL:       30 * 24 * time.Hour,
+		ResultTTL: 200 * time.Millisecond,
+		StaleResponse: func(w http.ResponseWriter, r *http.Request, info httpbridge.StaleInfo) bool {
+			var id int64
+			err := pool.QueryRow(r.Context(), `SELECT id FROM orders WHERE body = $1`, info.Key).Scan(&id)
+			if err != nil {
+				return false // no answer: 422 response-expired
+			}
+			w.Header().Set("Location", fmt.Sprintf("/orders/%d", id))
+			w.WriteHeader(http.StatusSeeOther)
+			return true
+		},
+	}
+	h := bridge.Route(rc)(createOrder)
+	send := func(key string) *httptest.ResponseRecorder {
+		req := httptest.NewRequest(http.MethodPost, "/orders", strings.NewReader(`{"item":"book"}`))
+		req.Header.Set("Idempotency-Key", key)
+		rec := httptest.NewRecorder()
+		h.ServeHTTP(rec, req)
+		return rec
+	}
+	fmt.Println(send("k-1").Code, send("k-1").Code)
+	deadline := time.Now().Add(10 * time.Second)
+	for send("k-1").Code == http.StatusCreated && time.Now().Before(deadline) {
+		time.Sleep(20 * time.Millisecond) // the stored response's clock runs
+	}
+	late := send("k-1")
+	fmt.Println(late.Code, late.Header().Get("Location"), late.Header().Get("Idempotent-Replayed"))
+	if _, err := pool.Exec(context.Background(), `DELETE FROM orders`); err != nil { // the order is gone
+		log.Fatal(err)
+	}
+	late = send("k-1")
+	var p struct{ Type string }
+	_ = json.Unmarshal(late.Body.Bytes(), &p)
+	fmt.Println(late.Code, p.Type)
+	// Output:
+	// 201 201
+	// 303 /orders/1 true
+	// 422 https://justonce.dev/problems/response-expired
+}

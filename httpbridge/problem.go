@@ -37,6 +37,12 @@ const (
 	// consumer dead-lettered it, or a lease-mode response could not be
 	// kept); it will not run again under this key. Use a new key.
 	ProblemKeyFailed = problemBase + "key-failed"
+	// ProblemResponseExpired (422): the key's operation ran and succeeded
+	// (or answered as it did), but its stored response has passed the
+	// route's ResultTTL and is no longer kept, while the key still is. It
+	// does not run again under this key; fetch the resource's current
+	// state instead. Its "completed_at" member says when it ran.
+	ProblemResponseExpired = problemBase + "response-expired"
 	// ProblemQuotaExceeded (429): the tenant holds too many live keys in
 	// this scope.
 	ProblemQuotaExceeded = problemBase + "quota-exceeded"
@@ -80,6 +86,8 @@ type problem struct {
 	Detail string `json:"detail,omitempty"`
 	// Differences is key-reused's extension member.
 	Differences []string `json:"differences,omitempty"`
+	// CompletedAt is response-expired's extension member (RFC 3339).
+	CompletedAt string `json:"completed_at,omitempty"`
 }
 
 var problemTitles = map[string]string{
@@ -90,6 +98,7 @@ var problemTitles = map[string]string{
 	ProblemBodyTooLarge:      "Request body too large",
 	ProblemKeyReused:         "Idempotency-Key reused",
 	ProblemKeyFailed:         "Operation failed",
+	ProblemResponseExpired:   "Stored response expired",
 	ProblemQuotaExceeded:     "Too many live Idempotency-Keys",
 	ProblemKeyRateExceeded:   "Too many new Idempotency-Keys",
 	ProblemResponseTooLarge:  "Response too large to store",

@@ -54,7 +54,7 @@ func (l *Ledger) DropAtOnce(ctx context.Context) error {
 // order, for tests.
 func RowColumns() []string {
 	var names []string
-	for _, c := range strings.Split(rowCols, ",") {
+	for _, c := range strings.Split(rawRowCols, ",") {
 		names = append(names, strings.TrimPrefix(strings.TrimSpace(c), "x."))
 	}
 	return names

@@ -24,7 +24,9 @@ var ErrJanitorBusy = errors.New("justonce/inbox: another janitor is purging this
 // Purge deletes expired rows, cfg.BatchSize at a time with cfg.Pause
 // between batches, until none are left, and returns how many it deleted.
 // Then it deletes the expired recorded steps (DoSteps) in the same way,
-// on both layouts, without counting them.
+// on both layouts, without counting them, and last clears the stored
+// results past their own clock (Request.ResultTTL; rows whose key lives
+// on): one UPDATE per batch on both layouts, not counted either.
 // Each batch is one short statement that skips rows another transaction
 // holds and rows whose lease still runs. Only one instance purges a ledger
 // at a time: when another holds the janitor lock Purge returns
@@ -70,10 +72,44 @@ func (l *Ledger) Purge(ctx context.Context, cfg JanitorConfig) (deleted int64, e
 			return deleted, ErrJanitorBusy
 		}
 		if !more {
-			return deleted, nil
+			break
 		}
 		if err := pause(ctx, cfg.Pause); err != nil {
 			return deleted, err
+		}
+	}
+	return deleted, l.clearResults(ctx, cfg)
+}
+
+// clearSlack is how far before the previous pass's time a pass looks for
+// results to clear: a result's clock starts when its row is written, at
+// most a commit's time before the row is seen.
+const clearSlack = time.Minute
+
+// clearResults clears the stored results past their own clock
+// (Request.ResultTTL), in batches under the janitor lock. Each pass looks
+// from a little before the last complete pass of this ledger on (all of
+// them, the first time), so that the BRIN index skips the ranges cleared
+// already; reads never answer a result past its clock, cleared or not.
+func (l *Ledger) clearResults(ctx context.Context, cfg JanitorConfig) error {
+	since := time.Time{}
+	if us := l.resultsCleared.Load(); us != 0 {
+		since = time.UnixMicro(us).Add(-clearSlack)
+	}
+	for {
+		_, more, locked, at, err := l.store.rows.clearResults(ctx, l.pool, cfg.BatchSize, since)
+		if err != nil {
+			return storeErr("clear results", err)
+		}
+		if !locked {
+			return ErrJanitorBusy
+		}
+		if !more {
+			l.resultsCleared.Store(at.UnixMicro())
+			return nil
+		}
+		if err := pause(ctx, cfg.Pause); err != nil {
+			return err
 		}
 	}
 }

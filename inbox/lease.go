@@ -105,7 +105,8 @@ func (ls *Lease) Complete(ctx context.Context, res Result) error {
 	if ls.done {
 		return fmt.Errorf("%w: lease already finished", ErrLeaseLost)
 	}
-	ok, err := ls.s.leaseComplete(ctx, ls.l.pool, leaseParams{key: ls.req.Key, token: ls.token, res: res, took: time.Since(ls.start)})
+	ok, err := ls.s.leaseComplete(ctx, ls.l.pool, leaseParams{key: ls.req.Key, token: ls.token, res: res, took: time.Since(ls.start),
+		resultTTL: ls.l.resultTTL(ls.req)})
 	err = ls.check(ok, err, "complete")
 	if err == nil || errors.Is(err, ErrLeaseLost) {
 		ls.done = true

@@ -9,6 +9,7 @@ import (
 	"log/slog"
 	mrand "math/rand/v2"
 	"os"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -31,6 +32,12 @@ type Config struct {
 	// DefaultTTL is how long a row is kept when a Request sets no TTL. After
 	// it the key is new again. Default 24 h.
 	DefaultTTL time.Duration
+	// ResultTTL is how long a row's result (the stored response) is kept
+	// when a Request sets no ResultTTL: past it the key is still
+	// remembered, for its TTL, but its result is no longer answered and the
+	// janitor clears it (see Request.ResultTTL). Zero, or a value not
+	// shorter than the row's TTL: the result lives as long as the row.
+	ResultTTL time.Duration
 	// MaxKeyLen limits each key part, in bytes. Default 255.
 	MaxKeyLen int
 	// LeaseDuration is the default lease for lease mode. Default 30 s.
@@ -58,6 +65,9 @@ func (c *Config) setDefaults() error {
 	}
 	if c.DefaultTTL < 0 {
 		return fmt.Errorf("%w: DefaultTTL is negative", ErrConfig)
+	}
+	if c.ResultTTL < 0 {
+		return fmt.Errorf("%w: ResultTTL is negative", ErrConfig)
 	}
 	if c.MaxKeyLen == 0 {
 		c.MaxKeyLen = MaxPartLen
@@ -107,6 +117,9 @@ type Ledger struct {
 	// savepointsOnly makes every DoEach run on savepoints (no optimistic
 	// path), for benchmarks comparing the two.
 	savepointsOnly bool
+	// resultsCleared is the database's time (Unix µs) of the janitor's
+	// last complete pass over results past their clock; 0: none yet.
+	resultsCleared atomic.Int64
 }
 
 // measureSavepointsOnly, when set at link time, makes every ledger run
@@ -152,6 +165,19 @@ func (l *Ledger) ttl(r Request) time.Duration {
 	return l.cfg.DefaultTTL
 }
 
+// resultTTL is how long r's result is kept: 0 when it lives as long as
+// its row.
+func (l *Ledger) resultTTL(r Request) time.Duration {
+	d := l.cfg.ResultTTL
+	if r.ResultTTL > 0 {
+		d = r.ResultTTL
+	}
+	if d >= l.ttl(r) {
+		return 0
+	}
+	return d
+}
+
 func (l *Ledger) lockWait(r Request) time.Duration {
 	return max(r.LockWait, 0)
 }
@@ -163,6 +189,9 @@ func (l *Ledger) Validate(r Request) error {
 	}
 	if r.TTL < 0 {
 		return &KeyError{Field: "ttl", Reason: "negative"}
+	}
+	if r.ResultTTL < 0 {
+		return &KeyError{Field: "result_ttl", Reason: "negative"}
 	}
 	return nil
 }
@@ -339,7 +368,7 @@ func (l *Ledger) doWriteOnce(ctx context.Context, conn *pgx.Conn, s ledgerStore,
 	took := time.Since(start)
 	if err := l.commit(ctx, conn, func(b *pgx.Batch) {
 		run.flush(b)
-		s.queueInsertDone(b, plan, doneRow{req: req, ttl: ttl, res: res, took: took})
+		s.queueInsertDone(b, plan, doneRow{req: req, ttl: ttl, resultTTL: l.resultTTL(req), res: res, took: took})
 	}); err != nil {
 		if s.planStale(err) { // the shard's bucket changed while fn ran
 			return Outcome{}, true, err
@@ -390,7 +419,7 @@ func (l *Ledger) runClaimed(ctx context.Context, conn *pgx.Conn, s ledgerStore, 
 		// An empty result needs no second write: the claimed row is
 		// already done, stamped at claim time.
 		if !res.IsZero() || l.cfg.RecordDuration {
-			s.queueComplete(b, completion{key: req.Key, res: res, took: took})
+			s.queueComplete(b, completion{key: req.Key, res: res, took: took, resultTTL: l.resultTTL(req)})
 		}
 	}); err != nil {
 		return Outcome{}, err
@@ -620,7 +649,7 @@ func (l *Ledger) DoTx(ctx context.Context, tx pgx.Tx, req Request, fn TxFunc) (O
 	// An empty result needs no second write: the claimed row is already
 	// done, stamped at claim time.
 	if !res.IsZero() || l.cfg.RecordDuration {
-		if err := s.complete(ctx, tx, completion{key: req.Key, res: res, took: time.Since(start)}); err != nil {
+		if err := s.complete(ctx, tx, completion{key: req.Key, res: res, took: time.Since(start), resultTTL: l.resultTTL(req)}); err != nil {
 			err = storeErr("complete", err)
 			l.observe(req, Outcome{}, err)
 			return Outcome{}, err
@@ -791,7 +820,7 @@ func (l *Ledger) batchOnce(ctx context.Context, conn *pgx.Conn, s ledgerStore, r
 	}
 	var insert queuedStmt
 	if len(newU) > 0 {
-		if insert, err = s.insertMany(insertManyParams{reqs: uniq, idx: newU, results: newRes, ttl: l.ttl, took: d}); err != nil {
+		if insert, err = s.insertMany(insertManyParams{reqs: uniq, idx: newU, results: newRes, ttl: l.ttl, resultTTL: l.resultTTL, took: d}); err != nil {
 			rollback(conn)
 			return false, fmt.Errorf("justonce/inbox: batch result: %w", err)
 		}
@@ -809,7 +838,7 @@ func (l *Ledger) batchOnce(ctx context.Context, conn *pgx.Conn, s ledgerStore, r
 				res = results[j]
 			}
 			if !res.IsZero() {
-				s.queueComplete(b, completion{key: reqs[i].Key, res: res, took: d})
+				s.queueComplete(b, completion{key: reqs[i].Key, res: res, took: d, resultTTL: l.resultTTL(reqs[i])})
 			}
 		}
 	})

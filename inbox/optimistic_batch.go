@@ -216,7 +216,7 @@ func (r *eachRun) optimistic(ctx context.Context) (run EachRun, res optimisticRe
 		for j, i := range executed {
 			rs[j], tooks[j] = outs[i].Result, took[i]
 		}
-		if insert, err = r.s.insertMany(insertManyParams{reqs: r.reqs, idx: executed, results: rs, ttl: l.ttl, tooks: tooks}); err != nil {
+		if insert, err = r.s.insertMany(insertManyParams{reqs: r.reqs, idx: executed, results: rs, ttl: l.ttl, resultTTL: l.resultTTL, tooks: tooks}); err != nil {
 			rollback(conn)
 			return EachRun{}, optimisticResult{}, &StoreError{Op: "complete", Err: err}
 		}

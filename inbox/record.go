@@ -49,11 +49,14 @@ type Record struct {
 	FencingToken int64     // grows with every lease claim or takeover
 	Attempts     int
 	Result       Result
-	Error        string
-	Duration     time.Duration // handler run time, when recorded
-	CreatedAt    time.Time
-	CompletedAt  time.Time // zero while processing
-	ExpiresAt    time.Time
+	// ResultGone reports that the row's result passed its own clock
+	// (Request.ResultTTL): Result is empty, the key is still known.
+	ResultGone  bool
+	Error       string
+	Duration    time.Duration // handler run time, when recorded
+	CreatedAt   time.Time
+	CompletedAt time.Time // zero while processing
+	ExpiresAt   time.Time
 }
 
 // Disposition says what a Do call did.
@@ -112,6 +115,13 @@ type Request struct {
 	// TTL overrides the ledger's default retention for this row. After it
 	// the key is new again.
 	TTL time.Duration
+	// ResultTTL overrides Config.ResultTTL for this row: how long its
+	// result (Result: a stored response) is kept, from the handler's end.
+	// Past it the key still deduplicates, but a duplicate gets the row
+	// without its result (Record.ResultGone), and the janitor clears the
+	// stored code, headers and body. Zero, or a value not shorter than the
+	// row's TTL: the result lives as long as the row.
+	ResultTTL time.Duration
 	// LockWait is how long to keep trying while another caller holds the
 	// key, before answering InFlight. No connection is held while waiting.
 	// Zero (the default, and what consumers use: the broker redelivers)

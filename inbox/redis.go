@@ -259,7 +259,7 @@ func (f *redisFront) do(ctx context.Context, l *Ledger, req Request, pg func() (
 	var value string
 	var ttl time.Duration
 	if err == nil && out.Record != nil && (out.Disposition == Executed || out.Disposition == Duplicate) {
-		value, ttl = f.encode(out)
+		value, ttl = f.encode(out, l.resultTTL(req))
 	}
 	if f.beforeFinish != nil {
 		f.beforeFinish(req.Key)
@@ -394,14 +394,20 @@ const cacheVersion = 1
 // tenth of the row's TTL when that is shorter).
 const cacheMargin = time.Second
 
-func (f *redisFront) encode(out Outcome) (string, time.Duration) {
+func (f *redisFront) encode(out Outcome, resultTTL time.Duration) (string, time.Duration) {
 	rec := out.Record
 	// ExpiresAt is on the database's clock, the TTL counted on this one:
 	// the entry goes a margin before the row expires, so that a clock up
 	// to that far behind the database's does not keep answering for an
 	// expired row.
 	ttl := time.Until(rec.ExpiresAt) - min(cacheMargin, rec.ExpiresAt.Sub(rec.CreatedAt)/10)
-	if ttl <= 0 || rec.Status == StatusProcessing {
+	if resultTTL > 0 && !out.Result.IsZero() {
+		// A result with a clock of its own (Request.ResultTTL) is cached
+		// until a margin before that clock, counted from the row's
+		// creation (its completion is later): Postgres answers after it.
+		ttl = min(ttl, time.Until(rec.CreatedAt.Add(resultTTL))-min(cacheMargin, resultTTL/10))
+	}
+	if ttl <= 0 || rec.Status == StatusProcessing || rec.ResultGone {
 		return "", 0
 	}
 	b, err := json.Marshal(cacheEntry{V: cacheVersion, S: rec.Status, F: rec.Fingerprint, C: out.Result.Code,

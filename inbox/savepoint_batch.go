@@ -348,7 +348,7 @@ func (r *eachRun) run(ctx context.Context) (run EachRun, err error) {
 					continue
 				}
 				if !results[i].IsZero() || l.cfg.RecordDuration {
-					r.s.queueComplete(b, completion{key: r.reqs[i].Key, res: results[i], took: took[i]})
+					r.s.queueComplete(b, completion{key: r.reqs[i].Key, res: results[i], took: took[i], resultTTL: r.l.resultTTL(r.reqs[i])})
 				}
 			}
 		})
@@ -546,7 +546,7 @@ func (r *eachRun) finish(ctx context.Context) {
 		if r.committed && i < len(r.outs) {
 			out := r.outs[i]
 			if out.Record != nil && (out.Disposition == Executed || out.Disposition == Duplicate) {
-				values[i], ttls[i] = f.encode(out)
+				values[i], ttls[i] = f.encode(out, r.l.resultTTL(r.reqs[i]))
 			}
 		}
 	}

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"hash/fnv"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -165,6 +166,12 @@ type rowVerbs interface {
 	// lock, as purge does rows: more when the batch was full, locked false
 	// when another janitor holds the lock.
 	purgeSteps(ctx context.Context, q querier, limit int) (n int64, more, locked bool, err error)
+
+	// clearResults clears, under the janitor lock, the stored results
+	// (code, headers, body) of up to limit rows whose result passed its
+	// own clock after since (migration 6): more when the batch was full,
+	// at the database's time of the statement.
+	clearResults(ctx context.Context, q querier, limit int, since time.Time) (n int64, more, locked bool, at time.Time, err error)
 }
 
 // The verbs' parameters.
@@ -178,26 +185,28 @@ type (
 	}
 	// completion: a transactional-mode result for key's row.
 	completion struct {
-		key  Key
-		res  Result
-		took time.Duration
+		key       Key
+		res       Result
+		took      time.Duration
+		resultTTL time.Duration // the result's own clock; 0: the row's
 	}
 	// doneRow: a claimed key's row, written complete.
 	doneRow struct {
-		req  Request
-		ttl  time.Duration
-		res  Result
-		took time.Duration
+		req            Request
+		ttl, resultTTL time.Duration
+		res            Result
+		took           time.Duration
 	}
 	// leaseParams: the lease of key under token; what renew (lease),
 	// leaseComplete (res, took) and leaseFail (errText, took) write.
 	leaseParams struct {
-		key     Key
-		token   int64
-		lease   time.Duration
-		res     Result
-		errText string
-		took    time.Duration
+		key       Key
+		token     int64
+		lease     time.Duration
+		res       Result
+		errText   string
+		took      time.Duration
+		resultTTL time.Duration
 	}
 	// failParams: a dead-lettered request after attempts, failed with
 	// errText, kept for ttl.
@@ -221,12 +230,12 @@ type (
 	// results (nil: none) and their run time: took for each, or, when
 	// tooks is set, tooks[j] for reqs[idx[j]].
 	insertManyParams struct {
-		reqs    []Request
-		idx     []int
-		results []Result
-		ttl     func(Request) time.Duration
-		took    time.Duration
-		tooks   []time.Duration
+		reqs           []Request
+		idx            []int
+		results        []Result
+		ttl, resultTTL func(Request) time.Duration
+		took           time.Duration
+		tooks          []time.Duration
 	}
 )
 
@@ -327,6 +336,7 @@ type rowStore struct {
 	renewSQL, leaseCompleteSQL, leaseFailSQL, leaseDelSQL string
 	releaseSQL, releaseStuckSQL                           string
 	knownSQL, liveSQL, statsSQL                           string
+	clearResultsSQL                                       string
 
 	stepsSQL // processed_steps' statements
 }
@@ -352,14 +362,15 @@ func newRowStore(schema string) *rowStore {
 		` FROM {T} e WHERE e.scope = $1 AND e.tenant = $2 AND e.event_id = $3`)
 
 	s.completeSQL = r.Replace(`UPDATE {T} SET response_code = $4, response_headers = $5, response_body = $6,
-		completed_at = clock_timestamp(), duration_us = $7
+		completed_at = clock_timestamp(), duration_us = $7, result_expires_at = ` + resultClock(8) + `
 		WHERE scope = $1 AND tenant = $2 AND event_id = $3`)
 
 	s.renewSQL = r.Replace(`UPDATE {T} SET lease_until = now() + $5::bigint * interval '1 microsecond'
 		WHERE scope = $1 AND tenant = $2 AND event_id = $3 AND fencing_token = $4 AND status = 'processing'`)
 
 	s.leaseCompleteSQL = r.Replace(`UPDATE {T} SET status = 'done', response_code = $5, response_headers = $6,
-		response_body = $7, duration_us = $8, completed_at = now(), lease_until = NULL
+		response_body = $7, duration_us = $8, completed_at = now(), lease_until = NULL,
+		result_expires_at = ` + resultClock(9) + `
 		WHERE scope = $1 AND tenant = $2 AND event_id = $3 AND fencing_token = $4 AND status = 'processing'`)
 
 	s.leaseFailSQL = r.Replace(`UPDATE {T} SET status = 'failed', error = $5, duration_us = $6,
@@ -393,8 +404,34 @@ func newRowStore(schema string) *rowStore {
 
 	s.statsSQL = r.Replace(`SELECT scope, status, count(*), min(lease_until) FILTER (WHERE status = 'processing')
 		FROM {T} WHERE expires_at > now() GROUP BY scope, status ORDER BY scope, status`)
+	// clearResultsSQL is the janitor's batch on results past their own
+	// clock: an UPDATE that nulls them, found through the BRIN index on
+	// result_expires_at from since ($3) on, under the janitor lock. It
+	// changes no indexed column, so it may stay a HOT update. The outer
+	// condition repeats the inner one: on the time-bucket layout a ctid
+	// names a row in each bucket, and only due rows may be cleared. The
+	// clock stays, so that reads keep saying the result is gone.
+	const due = `result_expires_at <= now() AND result_expires_at > $3
+		AND (response_code IS NOT NULL OR response_headers IS NOT NULL OR response_body IS NOT NULL)`
+	s.clearResultsSQL = r.Replace(`
+WITH l AS MATERIALIZED (SELECT pg_try_advisory_xact_lock($1::bigint # {OID}) AS ok),
+c AS (
+	UPDATE {T} SET response_code = NULL, response_headers = NULL, response_body = NULL
+	WHERE ctid = ANY(ARRAY(
+		SELECT ctid FROM {T}
+		WHERE (SELECT ok FROM l) AND ` + due + `
+		LIMIT $2
+		FOR UPDATE SKIP LOCKED)) AND ` + due + `
+	RETURNING 1
+)
+SELECT (SELECT ok FROM l), count(*), now() FROM c`)
 	s.stepsSQL = newStepsSQL(r)
 	return s
+}
+
+func (s *rowStore) clearResults(ctx context.Context, q querier, limit int, since time.Time) (n int64, more, locked bool, at time.Time, err error) {
+	err = q.QueryRow(ctx, s.clearResultsSQL, s.janitorLockKey(), limit, since).Scan(&locked, &n, &at)
+	return n, n >= int64(limit), locked, at, err
 }
 
 // ident quotes name, qualified with the ledger's schema when it has one.
@@ -409,15 +446,44 @@ func (s *rowStore) ident(name string) string {
 // order (lookupCols).
 func (s *rowStore) cols(a string) string { return strings.ReplaceAll(lookupCols, "x.", a+".") }
 
-// rowCols are the columns of a row named x that recordScan reads: every
-// column of processed_events but the key's, in the table's order.
-const rowCols = `x.status, x.fingerprint, x.source, x.principal, x.lease_owner, x.lease_until,
+// rawRowCols are the columns of a row named x that recordScan reads: every
+// column of processed_events but the key's and the result's clock, in the
+// table's order, as they are stored.
+const rawRowCols = `x.status, x.fingerprint, x.source, x.principal, x.lease_owner, x.lease_until,
 		x.fencing_token, x.attempts, x.response_code, x.response_headers, x.response_body, x.error,
 		x.duration_us, x.created_at, x.completed_at, x.expires_at`
 
+// rowCols are rawRowCols as a read answers them: a result past its own
+// clock (result_expires_at, migration 6) is not answered; its code reads
+// resultGoneCode (recordScan then sets Record.ResultGone), its headers and
+// body NULL. The mask keeps Do's look-up at sixteen columns.
+var rowCols = strings.NewReplacer(
+	"x.response_code,", "CASE WHEN x.result_expires_at <= now() THEN "+strconv.Itoa(resultGoneCode)+" ELSE x.response_code END,",
+	"x.response_headers,", "CASE WHEN x.result_expires_at <= now() THEN NULL ELSE x.response_headers END,",
+	"x.response_body,", "CASE WHEN x.result_expires_at <= now() THEN NULL ELSE x.response_body END,",
+).Replace(rawRowCols)
+
+// resultGoneCode is the response code a read answers for a result past its
+// clock: no stored code is negative.
+const resultGoneCode = -1
+
 // lookupCols are the columns a look-up returns for recordScan: rowCols,
 // and whether the row and its lease are live at now().
-const lookupCols = rowCols + `, x.expires_at > now(), x.lease_until > now()`
+var lookupCols = rowCols + `, x.expires_at > now(), x.lease_until > now()`
+
+// rawLookupCols is lookupCols with rawRowCols, for rows a statement has
+// just claimed (they hold no result), named by the statement's own alias.
+const rawLookupCols = rawRowCols + `, x.expires_at > now(), x.lease_until > now()`
+
+// rawCols is cols with rawLookupCols.
+func (s *rowStore) rawCols(a string) string { return strings.ReplaceAll(rawLookupCols, "x.", a+".") }
+
+// resultClock is the SQL of a result's expiry from its TTL in microseconds,
+// parameter n: NULL (the row's own) when the TTL is 0.
+func resultClock(n int) string {
+	p := "$" + strconv.Itoa(n) + "::bigint"
+	return "CASE WHEN " + p + " > 0 THEN clock_timestamp() + " + p + " * interval '1 microsecond' END"
+}
 
 // lockKey is the advisory lock a claim takes for a key.
 func lockKey(k Key) int64 { return ledgerkey.Hash(k.Scope, k.Tenant, k.ID) }
@@ -643,7 +709,8 @@ var errStaleView = errors.New("the ledger's bucket list changed during the claim
 func (s *rowStore) queueInsertDone(b *pgx.Batch, p doPlan, r doneRow) {
 	q := r.req
 	b.Queue(p.insert, q.Scope, q.Tenant, q.ID, q.Fingerprint, string(q.Source), q.Principal,
-		nullCode(r.res.Code), nullHeader(r.res.Header), r.res.Body, r.took.Microseconds(), r.ttl.Microseconds())
+		nullCode(r.res.Code), nullHeader(r.res.Header), r.res.Body, r.took.Microseconds(), r.ttl.Microseconds(),
+		r.resultTTL.Microseconds())
 }
 
 // queueLookup queues on b sql, a look-up of k by its scope, tenant and ID;
@@ -778,11 +845,15 @@ func (r *recordScan) record(k Key) (rec *Record, live, leased bool) {
 		FencingToken: deref(r.token),
 		Attempts:     int(deref(r.attempts)),
 		Result:       Result{Code: int(deref(r.code)), Header: r.header, Body: r.body},
+		ResultGone:   r.code != nil && *r.code == resultGoneCode,
 		Error:        deref(r.errText),
 		Duration:     time.Duration(deref(r.durationUS)) * time.Microsecond,
 		CreatedAt:    derefTime(r.createdAt),
 		CompletedAt:  derefTime(r.completedAt),
 		ExpiresAt:    derefTime(r.expiresAt),
+	}
+	if rec.ResultGone {
+		rec.Result = Result{}
 	}
 	return rec, deref(r.live), deref(r.leaseLive)
 }
@@ -810,12 +881,17 @@ func (s *rowStore) lookup(ctx context.Context, q querier, k Key) (*Record, bool,
 	return rec, live, nil
 }
 
+func (c completion) args() []any {
+	return []any{c.key.Scope, c.key.Tenant, c.key.ID, nullCode(c.res.Code), nullHeader(c.res.Header), c.res.Body,
+		c.took.Microseconds(), c.resultTTL.Microseconds()}
+}
+
 func (s *rowStore) queueComplete(b *pgx.Batch, c completion) {
-	b.Queue(s.completeSQL, c.key.Scope, c.key.Tenant, c.key.ID, nullCode(c.res.Code), nullHeader(c.res.Header), c.res.Body, c.took.Microseconds())
+	b.Queue(s.completeSQL, c.args()...)
 }
 
 func (s *rowStore) complete(ctx context.Context, q querier, c completion) error {
-	_, err := q.Exec(ctx, s.completeSQL, c.key.Scope, c.key.Tenant, c.key.ID, nullCode(c.res.Code), nullHeader(c.res.Header), c.res.Body, c.took.Microseconds())
+	_, err := q.Exec(ctx, s.completeSQL, c.args()...)
 	return err
 }
 
@@ -826,7 +902,7 @@ func (s *rowStore) renew(ctx context.Context, q querier, p leaseParams) (bool, e
 
 func (s *rowStore) leaseComplete(ctx context.Context, q querier, p leaseParams) (bool, error) {
 	tag, err := q.Exec(ctx, s.leaseCompleteSQL, p.key.Scope, p.key.Tenant, p.key.ID, p.token,
-		nullCode(p.res.Code), nullHeader(p.res.Header), p.res.Body, p.took.Microseconds())
+		nullCode(p.res.Code), nullHeader(p.res.Header), p.res.Body, p.took.Microseconds(), p.resultTTL.Microseconds())
 	return tag.RowsAffected() == 1, err
 }
 
@@ -979,7 +1055,7 @@ func insertManyArgs(p insertManyParams) ([]any, error) {
 	fps, bodies := make([][]byte, n), make([][]byte, n)
 	sources, principals := make([]string, n), make([]string, n)
 	codes, headers := make([]*int32, n), make([]*string, n)
-	durs, ttls := make([]int64, n), make([]int64, n)
+	durs, ttls, resultTTLs := make([]int64, n), make([]int64, n), make([]int64, n)
 	for j, i := range p.idx {
 		r := p.reqs[i]
 		scopes[j], tenants[j], ids[j] = r.Scope, r.Tenant, r.ID
@@ -987,6 +1063,9 @@ func insertManyArgs(p insertManyParams) ([]any, error) {
 		durs[j], ttls[j] = p.took.Microseconds(), p.ttl(r).Microseconds()
 		if p.tooks != nil {
 			durs[j] = p.tooks[j].Microseconds()
+		}
+		if p.resultTTL != nil {
+			resultTTLs[j] = p.resultTTL(r).Microseconds()
 		}
 		if p.results == nil {
 			continue
@@ -1002,7 +1081,7 @@ func insertManyArgs(p insertManyParams) ([]any, error) {
 			headers[j] = &hs
 		}
 	}
-	return []any{scopes, tenants, ids, fps, sources, principals, codes, headers, bodies, durs, ttls}, nil
+	return []any{scopes, tenants, ids, fps, sources, principals, codes, headers, bodies, durs, ttls, resultTTLs}, nil
 }
 
 // isKeyConflict reports whether err is the ledger's primary key refusing a

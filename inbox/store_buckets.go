@@ -122,13 +122,16 @@ func newBucketStore(rows *rowStore, width, maxTTL time.Duration, shards int) *bu
 		FROM unnest($1::bigint[]) WITH ORDINALITY AS u(k, o)
 		WHERE CASE WHEN ` + readCommitted + ` THEN true ELSE {REFUSE_RR} END`)
 	s.insertManySQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
-		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
+		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at,
+		result_expires_at, bucket)
 	SELECT u.scope, u.tenant, u.event_id, 'done', u.fingerprint, u.source, u.principal,
 		u.code, u.header, u.body, u.duration_us, now(), clock_timestamp(),
-		now() + u.ttl_us * interval '1 microsecond', n.id
+		now() + u.ttl_us * interval '1 microsecond',
+		CASE WHEN u.result_ttl_us > 0 THEN clock_timestamp() + u.result_ttl_us * interval '1 microsecond' END, n.id
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[],
-		$7::integer[], $8::text[]::jsonb[], $9::bytea[], $10::bigint[], $11::bigint[], $12::integer[])
-		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us, shard)
+		$7::integer[], $8::text[]::jsonb[], $9::bytea[], $10::bigint[], $11::bigint[], $12::bigint[], $13::integer[])
+		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us,
+			result_ttl_us, shard)
 	LEFT JOIN (SELECT b.shard, max(b.id) AS id FROM {BUCKETS} b GROUP BY b.shard) n ON n.shard = u.shard`)
 
 	// DoBatch's look-up, with each key's shard ($4, computed by the
@@ -156,11 +159,20 @@ func newBucketStore(rows *rowStore, width, maxTTL time.Duration, shards int) *bu
 		FROM {CLAIM}($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text, $7::bigint,
 			$8::bigint # {OID}, $9::bigint, $10::text, false)
 		WHERE o_claimed`)
-	s.claimSQL = r.Replace(`SELECT u.ord, f.o_claimed, ` + out + `
+	// The claim function answers a row it did not claim with its result as
+	// stored; a result past its own clock (migration 6) is masked here, as
+	// rowCols masks it: the function predates the clock.
+	masked := strings.NewReplacer(
+		"o_response_code,", "CASE WHEN g.gone THEN "+strconv.Itoa(resultGoneCode)+" ELSE o_response_code END,",
+		"o_response_headers,", "CASE WHEN g.gone THEN NULL ELSE o_response_headers END,",
+		"o_response_body,", "CASE WHEN g.gone THEN NULL ELSE o_response_body END,").Replace(out)
+	s.claimSQL = r.Replace(`SELECT u.ord, f.o_claimed, ` + masked + `
 		FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[], $7::bigint[], $8::bigint[])
 			WITH ORDINALITY AS u(scope, tenant, event_id, fingerprint, source, principal, ttl_us, lock_key, ord)
 		CROSS JOIN LATERAL {CLAIM}(u.scope, u.tenant, u.event_id, u.fingerprint, u.source, u.principal,
-			u.ttl_us, u.lock_key # {OID}, $9::bigint, $10::text, true) AS f`)
+			u.ttl_us, u.lock_key # {OID}, $9::bigint, $10::text, true) AS f
+		LEFT JOIN LATERAL (SELECT true AS gone FROM {T} e WHERE NOT f.o_claimed AND e.scope = u.scope
+			AND e.tenant = u.tenant AND e.event_id = u.event_id AND e.result_expires_at <= now() LIMIT 1) g ON true`)
 	s.failSQL = r.Replace(`SELECT {FAIL}($1::text, $2::text, $3::text, $4::bytea, $5::text, $6::text,
 		$7::integer, $8::text, $9::bigint, $10::bigint # {OID})`)
 	return s
@@ -501,9 +513,10 @@ func (s *bucketStore) shardStatements(ids []int32) doPlan {
 	bucket := `CASE WHEN ` + fresh + ` THEN ` + strconv.Itoa(newest) + ` ELSE ` +
 		s.ident("processed_events_closed") + `(` + strconv.Itoa(newest) + `) END`
 	st.insert = `INSERT INTO ` + s.ident(bucketName(newest)) + ` (scope, tenant, event_id, status, fingerprint, source, principal,
-		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at, bucket)
+		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at,
+		result_expires_at, bucket)
 	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
-		now() + $11::bigint * interval '1 microsecond', ` + bucket + `)`
+		now() + $11::bigint * interval '1 microsecond', ` + resultClock(12) + `, ` + bucket + `)`
 
 	mark := func(lock string) string {
 		return `SELECT x.*, set_config('justonce.claim', CASE WHEN x.locked THEN $2::text ELSE '' END, true) IS NOT NULL

@@ -42,7 +42,7 @@ func newPlainStore(rows *rowStore) *plainStore {
 		principal = EXCLUDED.principal, lease_owner = EXCLUDED.lease_owner,
 		lease_until = EXCLUDED.lease_until, fencing_token = EXCLUDED.fencing_token,
 		attempts = CASE WHEN t.expires_at <= now() THEN 1 ELSE t.attempts + 1 END,
-		response_code = NULL, response_headers = NULL, response_body = NULL, error = NULL,
+		response_code = NULL, response_headers = NULL, response_body = NULL, result_expires_at = NULL, error = NULL,
 		duration_us = NULL, created_at = EXCLUDED.created_at, completed_at = EXCLUDED.completed_at,
 		expires_at = EXCLUDED.expires_at
 	WHERE t.expires_at <= now()
@@ -77,9 +77,9 @@ WITH u AS (
 		`+leaseCols+`, now() + u.ttl_us * interval '1 microsecond'
 	FROM u
 	WHERE pg_try_advisory_xact_lock(u.lock_key # {OID})
-	ORDER BY u.ord`, `t.scope, t.tenant, t.event_id, `+rows.cols("t")) + `
+	ORDER BY u.ord`, `t.scope, t.tenant, t.event_id, `+rows.rawCols("t")) + `
 )
-SELECT u.ord, true, ` + rows.cols("ins") + `
+SELECT u.ord, true, ` + rows.rawCols("ins") + `
 	FROM u JOIN ins ON ins.scope = u.scope AND ins.tenant = u.tenant AND ins.event_id = u.event_id
 UNION ALL
 SELECT u.ord, false, ` + rows.cols("e") + `
@@ -98,9 +98,10 @@ SELECT u.ord, false, ` + rows.cols("e") + `
 	// A conflict (a row written without the lock) fails it, and with it
 	// the commit.
 	s.plan.insert = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
-		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at)
+		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at,
+		result_expires_at)
 	VALUES ($1, $2, $3, 'done', $4, $5, $6, $7, $8, $9, $10, now(), clock_timestamp(),
-		now() + $11::bigint * interval '1 microsecond')`)
+		now() + $11::bigint * interval '1 microsecond', ` + resultClock(12) + `)`)
 
 	// DoBatch's lock, look-up and INSERT: Do's for every key at once.
 	s.lockManySQL = r.Replace(`SELECT array_agg(pg_try_advisory_xact_lock(u.k # {OID}) ORDER BY u.o), now()
@@ -116,12 +117,15 @@ SELECT u.ord, false, ` + rows.cols("e") + `
 		CROSS JOIN LATERAL (SELECT * FROM {T} e WHERE e.scope = u.scope AND e.tenant = u.tenant
 			AND e.event_id = u.event_id OFFSET 0) e`)
 	s.insertManySQL = r.Replace(`INSERT INTO {T} (scope, tenant, event_id, status, fingerprint, source, principal,
-		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at)
+		response_code, response_headers, response_body, duration_us, created_at, completed_at, expires_at,
+		result_expires_at)
 	SELECT u.scope, u.tenant, u.event_id, 'done', u.fingerprint, u.source, u.principal,
-		u.code, u.header, u.body, u.duration_us, now(), clock_timestamp(), now() + u.ttl_us * interval '1 microsecond'
+		u.code, u.header, u.body, u.duration_us, now(), clock_timestamp(), now() + u.ttl_us * interval '1 microsecond',
+		CASE WHEN u.result_ttl_us > 0 THEN clock_timestamp() + u.result_ttl_us * interval '1 microsecond' END
 	FROM unnest($1::text[], $2::text[], $3::text[], $4::bytea[], $5::text[], $6::text[],
-		$7::integer[], $8::text[]::jsonb[], $9::bytea[], $10::bigint[], $11::bigint[])
-		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us)`)
+		$7::integer[], $8::text[]::jsonb[], $9::bytea[], $10::bigint[], $11::bigint[], $12::bigint[])
+		AS u(scope, tenant, event_id, fingerprint, source, principal, code, header, body, duration_us, ttl_us,
+			result_ttl_us)`)
 
 	// failSQL records a dead-lettered event as failed, unless it is done.
 	s.failSQL = r.Replace(`INSERT INTO {T} AS t (scope, tenant, event_id, status, fingerprint, source, principal,

@@ -13,8 +13,9 @@ import (
 
 // The ledger's look-ups read every column the migrations declare but the
 // key's (and, on the time-bucket layout, the bucket's), in the table's
-// order: a column added to 001_processed_events.up.sql and not to the
-// stores' column list fails it.
+// order, and the result's clock of migration 6, through which they mask a
+// result past it: a column added to 001_processed_events.up.sql and not to
+// the stores' column list fails it.
 func TestLookupReadsEveryColumn(t *testing.T) {
 	t.Parallel()
 	forLayouts(t, func(t *testing.T, mc migrations.Config) {
@@ -24,7 +25,7 @@ func TestLookupReadsEveryColumn(t *testing.T) {
 		require.NoError(t, err)
 		cols, err := pgx.CollectRows(rows, pgx.RowTo[string])
 		require.NoError(t, err)
-		want := append([]string{"scope", "tenant", "event_id"}, inbox.RowColumns()...)
+		want := append(append([]string{"scope", "tenant", "event_id"}, inbox.RowColumns()...), "result_expires_at")
 		if mc.Layout == migrations.LayoutTimeBuckets {
 			want = append(want, "bucket")
 		}

@@ -37,6 +37,7 @@ type ConsumerCollector struct {
 	retries      *prometheus.CounterVec
 	deadLettered *prometheus.CounterVec
 	headroom     *prometheus.GaugeVec
+	observed     *prometheus.CounterVec
 }
 
 // NewConsumerCollector returns a collector; register it, then give each
@@ -63,6 +64,10 @@ func NewConsumerCollector(cfg ConsumerConfig) *ConsumerCollector {
 			Name: "justonce_consumer_redelivery_headroom_seconds",
 			Help: "How long the ledger keeps an event ID beyond the broker's redelivery horizon, measured when a consumer front's Run started: the ledger TTL minus how long the topic (Kafka: retention.ms + segment.ms) or stream (JetStream: MaxAge) keeps messages. Negative: a message may come again after the ledger forgot its ID, and run again; -Inf: the broker keeps messages without a time limit.",
 		}, []string{"scope", "source", "topic"}),
+		observed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "justonce_consumer_observed_total",
+			Help: "Attempts an observe-mode consumer ran, by what dedupe would have done: would_run, would_skip, would_conflict, would_refuse_missing_key, would_refuse_invalid_key.",
+		}, []string{"scope", "source", "would"}),
 	}
 }
 
@@ -72,6 +77,7 @@ func (c *ConsumerCollector) Describe(ch chan<- *prometheus.Desc) {
 	c.retries.Describe(ch)
 	c.deadLettered.Describe(ch)
 	c.headroom.Describe(ch)
+	c.observed.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -80,6 +86,7 @@ func (c *ConsumerCollector) Collect(ch chan<- prometheus.Metric) {
 	c.retries.Collect(ch)
 	c.deadLettered.Collect(ch)
 	c.headroom.Collect(ch)
+	c.observed.Collect(ch)
 }
 
 // Hooks returns the hooks that record a processor's work under the scope
@@ -87,7 +94,9 @@ func (c *ConsumerCollector) Collect(ch chan<- prometheus.Metric) {
 // consumer group when the transport defaults it) and Source. The retry and
 // dead-letter counters of the pair start at zero, so rate() sees their
 // first increase. The headroom gauge gets a series per topic (or stream)
-// when a front's Run checks it at start (consumer.Hooks.OnHorizon).
+// when a front's Run checks it at start (consumer.Hooks.OnHorizon), and
+// the observe counter a series per would value an observe-mode consumer
+// reports (consumer.Config.Observe, consumer.Hooks.OnObserve).
 //
 // To keep hooks of your own, call both from one consumer.Hooks.
 func (c *ConsumerCollector) Hooks(scope string, source inbox.Source) consumer.Hooks {
@@ -95,6 +104,7 @@ func (c *ConsumerCollector) Hooks(scope string, source inbox.Source) consumer.Ho
 	duration := c.duration.MustCurryWith(prometheus.Labels{"scope": scope, "source": src})
 	retries := c.retries.WithLabelValues(scope, src)
 	headroom := c.headroom.MustCurryWith(prometheus.Labels{"scope": scope, "source": src})
+	observed := c.observed.MustCurryWith(prometheus.Labels{"scope": scope, "source": src})
 	dead := map[string]prometheus.Counter{}
 	for _, r := range []string{ReasonNoID, ReasonInvalidKey, ReasonHandler} {
 		dead[r] = c.deadLettered.WithLabelValues(scope, src, r)
@@ -111,6 +121,9 @@ func (c *ConsumerCollector) Hooks(scope string, source inbox.Source) consumer.Ho
 		},
 		OnHorizon: func(h consumer.Horizon) {
 			headroom.WithLabelValues(h.Topic).Set(h.Headroom())
+		},
+		OnObserve: func(_ *consumer.Message, would string) {
+			observed.WithLabelValues(would).Inc()
 		},
 	}
 }

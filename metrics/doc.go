@@ -61,6 +61,11 @@
 //	                                                    stream keeps messages, measured when Run
 //	                                                    started; negative: a message may come again
 //	                                                    after its ID expired; -Inf: kept forever
+//	justonce_consumer_observed_total{scope,source,would}
+//	                                                    attempts an observe-mode consumer ran, by what
+//	                                                    dedupe would have done: would_run, would_skip,
+//	                                                    would_conflict, would_refuse_missing_key,
+//	                                                    would_refuse_invalid_key
 //
 // The transactional outbox (OutboxCollector): the relays' counters, fed by
 // the outbox.RelayHooks that OutboxCollector.Hooks returns, and the table as

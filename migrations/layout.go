@@ -105,6 +105,11 @@ func timeBucketSQL(schema string, cfg Config) ([]string, error) {
 		return nil, err
 	}
 	q := func(name string) string { return pgx.Identifier{schema, name}.Sanitize() }
+	names, columns := plain.names, plain.columns
+	for _, c := range laterColumns {
+		names = append(names, c.name)
+		columns += "\n    " + c.name + " " + c.def + ","
+	}
 	lit := func(s string) string { return "'" + strings.ReplaceAll(s, "'", "''") + "'" }
 	width := strconv.FormatInt(int64(cfg.BucketWidth/time.Second), 10) + " seconds"
 	maxTTL := strconv.FormatInt(int64(cfg.MaxTTL/time.Second), 10) + " seconds"
@@ -118,7 +123,7 @@ func timeBucketSQL(schema string, cfg Config) ([]string, error) {
 		"{SCHEMA}", lit(schema), "{W}", lit(width), "{MAXTTL}", lit(maxTTL),
 		"{MAXTTL_US}", strconv.FormatInt(cfg.MaxTTL.Microseconds(), 10),
 		"{SHARDS}", strconv.Itoa(cfg.Shards),
-		"{COLUMNS}", plain.columns, "{CONSTRAINTS}", plain.constraints, "{NAMES}", strings.Join(plain.names, ", "),
+		"{COLUMNS}", columns, "{CONSTRAINTS}", plain.constraints, "{NAMES}", strings.Join(names, ", "),
 	)
 	// newest: the newest bucket of the shard v_shard, as the statement
 	// that reads it sees the bucket list.
@@ -353,11 +358,21 @@ $do$`,
 SELECT {NAMES}, {SHARD}(scope, tenant, event_id)
 FROM {OLD} WHERE expires_at > now() OR (status = 'processing' AND lease_until > now())`,
 		`DROP TABLE {OLD}`,
+		// The index of migration 6, which went with the plain table.
+		`CREATE INDEX processed_events_result_expires_brin ON {PE} USING brin (result_expires_at)`,
 	}
 	for i, s := range stmts {
 		stmts[i] = r.Replace(s)
 	}
 	return stmts, nil
+}
+
+// laterColumns are the columns that migrations after 001 add to
+// processed_events (001 declares the others, plainTable): the conversion
+// to time buckets adds them to the partitioned table and copies them with
+// the rows, after 001's columns. Migration 6: a stored result's own clock.
+var laterColumns = []struct{ name, def string }{
+	{"result_expires_at", "timestamptz"},
 }
 
 // plainTableFile declares processed_events: its CREATE TABLE is the one

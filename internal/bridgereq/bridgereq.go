@@ -28,6 +28,7 @@ type Spec struct {
 	Scope     string
 	Source    inbox.Source
 	TTL       time.Duration // 0: the ledger's default
+	ResultTTL time.Duration // the stored response's clock; 0: the ledger's
 	LockWait  time.Duration
 	Principal inbox.PrincipalPolicy
 	// NewRequest makes the fingerprint part of the ledger ID, so that the
@@ -71,6 +72,8 @@ func (s Spec) Validate() error {
 		return fmt.Errorf("unknown PrincipalPolicy %d", s.Principal)
 	case s.TTL < 0:
 		return errors.New("TTL is negative")
+	case s.ResultTTL < 0:
+		return errors.New("ResultTTL is negative")
 	case s.LockWait < 0:
 		return errors.New("LockWait is negative")
 	case s.AcquireWait < 0:
@@ -129,6 +132,7 @@ func (s *Spec) Request(l *inbox.Ledger, key string, fp []byte, tenant, principal
 		Fingerprint: fp,
 		Source:      s.Source,
 		TTL:         s.TTL,
+		ResultTTL:   s.ResultTTL,
 		LockWait:    s.LockWait,
 		AcquireWait: s.AcquireWait,
 	}
