@@ -40,13 +40,17 @@ type RunLimits struct {
 // (Process), up to the first that is not acked; when the database is
 // unavailable they are retried uncounted. A single message, and a message
 // without an ID at the head, go through Process: batching adds no cost
-// when nothing else is waiting.
+// when nothing else is waiting. With Config.Steps every run is one message
+// (Process): steps handlers never share a transaction.
 func (p *Processor) ProcessRun(ctx context.Context, msgs []*Message, lim RunLimits) []Decision {
 	if len(msgs) == 0 {
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
 		return []Decision{{Action: Stop, Err: err}}
+	}
+	if p.cfg.Steps {
+		return []Decision{p.Process(ctx, msgs[0])} // each event under its own lease
 	}
 	var reqs []inbox.Request
 	for _, m := range msgs {
