@@ -1,4 +1,4 @@
-package main
+package stepspay
 
 import (
 	"context"
@@ -29,39 +29,43 @@ import (
 	"github.com/justonce/justonce/transports/natsinbox"
 )
 
-// stepsSchema holds what the steps payment service writes: one order row
+// Schema holds what the steps payment service writes: one order row
 // and one receipt row per payment. Neither has a unique key, so a payment
 // that ran a step twice would show as a second row.
-const stepsSchema = `CREATE TABLE IF NOT EXISTS step_orders (payment text NOT NULL, created_at timestamptz DEFAULT now());
+const Schema = `CREATE TABLE IF NOT EXISTS step_orders (payment text NOT NULL, created_at timestamptz DEFAULT now());
 	CREATE TABLE IF NOT EXISTS step_receipts (payment text NOT NULL, charge text NOT NULL, created_at timestamptz DEFAULT now())`
 
-// stepsScope is the ledger scope of the steps payment service, on every
+// Scope is the ledger scope of the steps payment service, on every
 // front.
-const stepsScope = "payments-steps"
+const Scope = "payments-steps"
 
-// The fronts of the steps payment service.
+// The fronts of the payment service.
 const (
-	frontHTTP  = "http"
-	frontGRPC  = "grpc"
-	frontKafka = "kafka" // segmentio/kafka-go (kafkainbox)
-	frontFranz = "franz" // franz-go (franzinbox)
-	frontNATS  = "nats"  // NATS JetStream (natsinbox)
+	FrontHTTP  = "http"
+	FrontGRPC  = "grpc"
+	FrontKafka = "kafka" // segmentio/kafka-go (kafkainbox)
+	FrontFranz = "franz" // franz-go (franzinbox)
+	FrontNATS  = "nats"  // NATS JetStream (natsinbox)
 )
 
-// stepsPayments is the payment service in steps: a payment is an order
+// AllFronts are the fronts the service serves, in the order Prove kills
+// them.
+var AllFronts = []string{FrontHTTP, FrontGRPC, FrontKafka, FrontFranz, FrontNATS}
+
+// Service is the payment service in steps: a payment is an order
 // row (a Postgres step), a charge at the provider (an outside step, whose
 // key goes to the provider as its Idempotency-Key) and a receipt row (a
 // Postgres step). The same handler serves every front.
-type stepsPayments struct {
+type Service struct {
 	provider string       // the provider's base URL
 	client   *http.Client // to the provider, through httpretry
 	// crash, when set, is called at each point between and inside the
-	// steps (see stepsPoints), with the front that runs the payment.
+	// steps (see Points), with the front that runs the payment.
 	crash func(front, point string)
 }
 
-// stepsPoints are the points stepsPayments.pay passes, in order.
-var stepsPoints = []string{
+// Points are the points Service.pay passes, in order.
+var Points = []string{
 	"order-before-commit",   // inside the Postgres step, its row written, not committed
 	"order-after-commit",    // the order recorded
 	"charge-before-call",    // the outside step begun, the provider not called
@@ -71,13 +75,15 @@ var stepsPoints = []string{
 	"receipt-after-commit",  // every step recorded, the payment not completed
 }
 
-func newStepsPayments(provider string, crash func(front, point string)) *stepsPayments {
-	return &stepsPayments{provider: provider, crash: crash,
+// NewService returns the payment service, charging at the provider at
+// the base URL provider; crash, when set, is called at each of Points.
+func NewService(provider string, crash func(front, point string)) *Service {
+	return &Service{provider: provider, crash: crash,
 		client: &http.Client{Timeout: 10 * time.Second, Transport: &httpretry.Transport{}}}
 }
 
 // pay runs the payment s is for, and returns the provider's charge ID.
-func (p *stepsPayments) pay(ctx context.Context, s *inbox.Steps, front string) ([]byte, error) {
+func (p *Service) pay(ctx context.Context, s *inbox.Steps, front string) ([]byte, error) {
 	if s == nil {
 		return nil, errors.New("payments: not run in steps")
 	}
@@ -136,9 +142,9 @@ func (p *stepsPayments) pay(ctx context.Context, s *inbox.Steps, front string) (
 	return charge, nil
 }
 
-// stepsPaymentsService is demo.StepsPayments: Pay takes the payment ID and
+// paymentsService is demo.StepsPayments: Pay takes the payment ID and
 // answers the charge ID.
-var stepsPaymentsService = grpc.ServiceDesc{
+var paymentsService = grpc.ServiceDesc{
 	ServiceName: "demo.StepsPayments",
 	HandlerType: (*any)(nil),
 	Methods: []grpc.MethodDesc{{
@@ -149,7 +155,7 @@ var stepsPaymentsService = grpc.ServiceDesc{
 				return nil, err
 			}
 			h := func(ctx context.Context, _ any) (any, error) {
-				charge, err := srv.(*stepsPayments).pay(ctx, grpcbridge.Steps(ctx), frontGRPC)
+				charge, err := srv.(*Service).pay(ctx, grpcbridge.Steps(ctx), FrontGRPC)
 				if err != nil {
 					return nil, status.Error(codes.Unavailable, err.Error()) // not stored: the steps recorded stay
 				}
@@ -158,15 +164,17 @@ var stepsPaymentsService = grpc.ServiceDesc{
 			if icpt == nil {
 				return h(ctx, in)
 			}
-			return icpt(ctx, in, &grpc.UnaryServerInfo{FullMethod: stepsPayMethod}, h)
+			return icpt(ctx, in, &grpc.UnaryServerInfo{FullMethod: PayMethod}, h)
 		},
 	}},
 }
 
-const stepsPayMethod = "/demo.StepsPayments/Pay"
+// PayMethod is the gRPC method of a payment: its request and answer are
+// google.protobuf.StringValue, the payment ID and the charge ID.
+const PayMethod = "/demo.StepsPayments/Pay"
 
-// stepsFronts says where the steps payment service takes payments.
-type stepsFronts struct {
+// Fronts says where the steps payment service takes payments.
+type Fronts struct {
 	HTTPAddr, GRPCAddr     string // listen addresses
 	Brokers                []string
 	KafkaTopic, FranzTopic string
@@ -176,19 +184,19 @@ type stepsFronts struct {
 	LeaseDuration          time.Duration // of the bridges' steps (the consumers': the ledger's)
 }
 
-// serve runs the service on every front until ctx ends: POST /pay over HTTP
+// Serve runs the service on every front until ctx ends: POST /pay over HTTP
 // (the Idempotency-Key is the payment ID), demo.StepsPayments/Pay over
 // gRPC, and the payment IDs consumed from Kafka (kafka-go and franz-go)
 // and NATS JetStream, all in steps, in one ledger scope.
-func (p *stepsPayments) serve(ctx context.Context, ledger *inbox.Ledger, f stepsFronts) error {
+func (p *Service) Serve(ctx context.Context, ledger *inbox.Ledger, f Fronts) error {
 	hb, err := httpbridge.New(httpbridge.Config{Ledger: ledger})
 	if err != nil {
 		return err
 	}
 	mux := http.NewServeMux()
-	mux.Handle("POST /pay", hb.Route(httpbridge.RouteConfig{Scope: stepsScope, Required: true, Steps: true, LeaseDuration: f.LeaseDuration})(
+	mux.Handle("POST /pay", hb.Route(httpbridge.RouteConfig{Scope: Scope, Required: true, Steps: true, LeaseDuration: f.LeaseDuration})(
 		http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-			charge, err := p.pay(r.Context(), httpbridge.Steps(r.Context()), frontHTTP)
+			charge, err := p.pay(r.Context(), httpbridge.Steps(r.Context()), FrontHTTP)
 			if err != nil {
 				http.Error(w, err.Error(), http.StatusServiceUnavailable) // not stored: the steps recorded stay
 				return
@@ -205,12 +213,12 @@ func (p *stepsPayments) serve(ctx context.Context, ledger *inbox.Ledger, f steps
 	defer hsrv.Close()
 
 	gb, err := grpcbridge.New(grpcbridge.Config{Ledger: ledger, Methods: map[string]grpcbridge.MethodConfig{
-		stepsPayMethod: {Scope: stepsScope, Required: true, Steps: true, LeaseDuration: f.LeaseDuration}}})
+		PayMethod: {Scope: Scope, Required: true, Steps: true, LeaseDuration: f.LeaseDuration}}})
 	if err != nil {
 		return err
 	}
 	gsrv := grpc.NewServer(grpc.UnaryInterceptor(gb.UnaryServerInterceptor()))
-	gsrv.RegisterService(&stepsPaymentsService, p)
+	gsrv.RegisterService(&paymentsService, p)
 	gln, err := net.Listen("tcp", f.GRPCAddr)
 	if err != nil {
 		return err
@@ -227,17 +235,17 @@ func (p *stepsPayments) serve(ctx context.Context, ledger *inbox.Ledger, f steps
 	}
 	// Retried until done: a payment is never dead-lettered here (that
 	// would refund its charge).
-	pc := consumer.Config{Ledger: ledger, Scope: stepsScope, Steps: true, MaxAttempts: 1 << 20,
+	pc := consumer.Config{Ledger: ledger, Scope: Scope, Steps: true, MaxAttempts: 1 << 20,
 		Backoff: backoff.Backoff{Initial: 10 * time.Millisecond, Max: 200 * time.Millisecond}}
-	kc, err := kafkainbox.New(kafkainbox.Config{Brokers: f.Brokers, Topic: f.KafkaTopic, GroupID: f.Group + "-kgo", Processor: pc}, handler(frontKafka))
+	kc, err := kafkainbox.New(kafkainbox.Config{Brokers: f.Brokers, Topic: f.KafkaTopic, GroupID: f.Group + "-kgo", Processor: pc}, handler(FrontKafka))
 	if err != nil {
 		return err
 	}
-	fc, err := franzinbox.New(franzinbox.Config{Brokers: f.Brokers, Topics: []string{f.FranzTopic}, GroupID: f.Group + "-franz", Processor: pc}, handler(frontFranz))
+	fc, err := franzinbox.New(franzinbox.Config{Brokers: f.Brokers, Topics: []string{f.FranzTopic}, GroupID: f.Group + "-franz", Processor: pc}, handler(FrontFranz))
 	if err != nil {
 		return err
 	}
-	nc, err := natsinbox.New(natsinbox.Config{Conn: f.NATS, Stream: f.Stream, Durable: f.Group, AckWait: 5 * time.Second, Processor: pc}, handler(frontNATS))
+	nc, err := natsinbox.New(natsinbox.Config{Conn: f.NATS, Stream: f.Stream, Durable: f.Group, AckWait: 5 * time.Second, Processor: pc}, handler(FrontNATS))
 	if err != nil {
 		return err
 	}
