@@ -69,6 +69,13 @@
 //     node leading the stream is killed, a new leader elected, and the node
 //     restarted on its file store; -nats-restarts then restart a node that
 //     leads nothing;
+//   - SIGKILLs of a payment service in steps (-steps-kills, -steps-payments),
+//     once the run's other faults are over: the payments example's service
+//     in steps (examples/payments/stepspay: an order row, a charge at a
+//     provider behind the HTTP bridge, a receipt row) on HTTP, gRPC,
+//     kafka-go, franz-go and NATS, each payment delivered twice, killed at
+//     each point between and inside the steps in turn; every payment must
+//     end with one order, one receipt and one charge;
 //   - more fronts (-transports): franz (a franzinbox consumer group on a
 //     topic of its own) and grpc (the gRPC bridge in child processes,
 //     clients retrying with grpcretry and a key per call, -grpc-keys).
@@ -152,6 +159,8 @@ type options struct {
 	pgFailovers     int           // Postgres primary SIGKILLed, synchronous standby promoted (0: a single Postgres)
 	redisFailovers  int           // Redis master SIGKILLed, Sentinel promotes the replica (0: a single Redis)
 	natsLeaderKills int           // the JetStream stream leader's node killed (0: a single NATS server)
+	stepsKills      int           // SIGKILLs of the payment service in steps (0: off)
+	stepsPayments   int           // payments a front of the steps fault
 	soak            soakOptions   // -soak: a soak run instead (soak.go)
 }
 
@@ -172,6 +181,9 @@ func (o *options) ha(name string) bool {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
 		os.Exit(worker(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "steps-worker" {
+		os.Exit(stepsWorker())
 	}
 	o := parseFlags()
 	if err := o.check(); err != nil {
@@ -230,6 +242,8 @@ func parseFlags() options {
 	flag.IntVar(&o.pgFailovers, "pg-failovers", 0, "run on a Postgres primary with a synchronous streaming standby (started by the run) and fail over this many times: SIGKILL the primary, promote the standby, rebuild the dead node as its standby (0: the single Postgres of services.sh)")
 	flag.IntVar(&o.redisFailovers, "redis-failovers", 0, "run the ledgers' Redis behind Sentinel (a master, a replica, three sentinels, started by the run) and fail over this many times: SIGKILL the master, wait for the sentinels to promote the replica (0: a single Redis)")
 	flag.IntVar(&o.natsLeaderKills, "nats-leader-kills", 0, "run NATS as a three-node JetStream cluster (streams with Replicas 3) and kill the node leading the stream this many times (0: a single NATS server)")
+	flag.IntVar(&o.stepsKills, "steps-kills", 0, "after the run, SIGKILL the payment service in steps (examples/payments/stepspay, on every front) this many times, between and inside its steps, and check each payment was charged once (0: off)")
+	flag.IntVar(&o.stepsPayments, "steps-payments", 200, "payments a front with -steps-kills")
 	o.soak.flags(flag.CommandLine)
 	flag.Parse()
 	return o
@@ -244,6 +258,9 @@ func (o *options) check() error {
 		if n < 0 {
 			return fmt.Errorf("a failover count is negative")
 		}
+	}
+	if o.stepsKills < 0 || (o.stepsKills > 0 && o.stepsPayments < 1) {
+		return fmt.Errorf("-steps-kills is negative, or -steps-payments under 1")
 	}
 	return nil
 }
