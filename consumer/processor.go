@@ -249,9 +249,9 @@ type Decision struct {
 
 // Permanent marks err as not worth retrying: the message is dead-lettered
 // at once. It is inbox.Permanent, so there is one notion of permanent: the
-// result matches inbox.ErrPermanent, and a steps handler (StepsHandler)
-// that returns it has its completed steps compensated before the message
-// is dead-lettered. The error reads and unwraps as err; Permanent(nil) is
+// result matches inbox.ErrPermanent, and a handler run in steps
+// (Config.Steps) that returns it has its completed steps compensated
+// before the message is dead-lettered. The error reads and unwraps as err; Permanent(nil) is
 // nil.
 func Permanent(err error) error { return inbox.Permanent(err) }
 
