@@ -86,16 +86,18 @@ generate:
 # operator releases, the janitor, HTTP retries), and two-hop pipelines through the
 # outbox (Kafka -> A -> NATS -> B, HTTP -> A -> Kafka -> B) with relay processes
 # SIGKILLed too, and two overloads (every handler held on the effects table for
-# 3 s: the pools fill, the bridges shed, the clients retry). The services are up
-# at the end.
+# 3 s: the pools fill, the bridges shed, the clients retry); then the payment
+# service in steps (examples/payments/stepspay) on every front, SIGKILLed at
+# every point between and inside its steps (35 kills, 1,000 payments). The
+# services are up at the end.
 chaos: services-up
-	$(GO) run ./harness/chaos -two-hop 20000 -two-hop-http-keys 1000 -relay-kills 6 -overloads 2
+	$(GO) run ./harness/chaos -two-hop 20000 -two-hop-http-keys 1000 -relay-kills 6 -overloads 2 -steps-kills 35 -steps-payments 200
 
 # chaos-short: the shorter run CI does: at least one fault of every kind.
 chaos-short: services-up
 	$(GO) run ./harness/chaos -events 5000 -kills 8 -redis-outages 2 -pg-terminates 3 -pg-crashes 1 \
 		-kafka-crashes 1 -nats-restarts 1 -net-faults 3 -releases 2 -hostile-every 100 -http-keys 500 \
-		-two-hop 2000 -two-hop-http-keys 300 -relay-kills 3 -timeout 8m
+		-two-hop 2000 -two-hop-http-keys 300 -relay-kills 3 -steps-kills 7 -steps-payments 50 -timeout 9m
 
 # chaos-buckets: the fault matrix on the time-bucket ledger layout, at a size CI
 # runs: each key shard moves to a new bucket every 10 s, so buckets turn over and

@@ -86,6 +86,20 @@
 // (logged as one) rather than dead-lettered. A data or constraint error at
 // the claim (SQLSTATE classes 22 and 23) is the message's, and counts.
 //
+// # Steps
+//
+// With Config.Steps a handler whose work spans Postgres and outside
+// services runs in steps (inbox.Ledger.DoSteps) rather than in one
+// transaction, on every front alike: it gets a nil tx and reaches the
+// event's *inbox.Steps with Steps(ctx). A failed attempt keeps the steps
+// it recorded, is retried as above, and the next attempt resumes after
+// them. A failure that dead-letters (Permanent, refused by
+// Config.Retryable, or the last attempt's) first runs the compensations
+// the handler declared, in reverse order, and records the key failed. Each
+// such event runs alone under its own lease, never batched into a shared
+// transaction. A lease lost to another holder is retried without
+// counting.
+//
 // # Outages
 //
 // While the database is unreachable, retries wait Config.StoreBackoff,

@@ -21,7 +21,9 @@ import (
 // Handler handles one event inside the ledger's transaction: its writes
 // through tx commit together with the event's ledger row, or not at all.
 // Return an error to roll back; the event is retried, then dead-lettered.
-// Wrap an error with Permanent to dead-letter at once.
+// Wrap an error with Permanent to dead-letter at once. With Config.Steps
+// the handler runs in steps instead: tx is nil and Steps(ctx) returns the
+// event's *inbox.Steps.
 type Handler func(ctx context.Context, tx pgx.Tx, m *Message) error
 
 // Middleware wraps a Handler (tracing, logging, timeouts), Watermill-style.
@@ -124,6 +126,19 @@ type Config struct {
 	// at WARN). Those IDs never meet an enforcing consumer's: switching to
 	// enforce starts from no IDs. See observe.go. Default false.
 	Observe bool
+	// Steps runs each event's handler in steps (inbox.Ledger.DoSteps)
+	// instead of in one transaction: the handler gets a nil tx and reaches
+	// the event's *inbox.Steps with Steps(ctx), to record Postgres steps
+	// (Steps.Tx, exactly once) and outside steps (Steps.Call, at least
+	// once, with a key of their own). A failed attempt keeps the recorded
+	// steps and is retried as usual (Backoff, MaxAttempts): the next one
+	// resumes after them. A failure that dead-letters (a Permanent error,
+	// an error Retryable refuses, the last attempt's error) first runs the
+	// compensations the handler declared (Steps.Compensate), in reverse
+	// order, and records the key failed. Each event runs alone, under its
+	// own lease (inbox.Config.LeaseDuration): the fronts never batch a
+	// steps handler into a shared transaction. Default false.
+	Steps bool
 	// Middleware wraps the handler, outermost first.
 	Middleware []Middleware
 	// Hooks observe the runtime.
@@ -163,6 +178,9 @@ func New(cfg Config, h Handler) (*Processor, error) {
 	}
 	if h == nil {
 		return nil, fmt.Errorf("%w: nil handler", inbox.ErrConfig)
+	}
+	if cfg.Steps && cfg.AllowNoID {
+		return nil, fmt.Errorf("%w: Steps and AllowNoID: steps need an event ID", inbox.ErrConfig)
 	}
 	if cfg.ID == nil {
 		cfg.ID = DefaultID
@@ -242,26 +260,17 @@ type Decision struct {
 	at time.Time // when a Retry was decided: its Delay counts from here
 }
 
-// permanentError marks an error not worth retrying.
-type permanentError struct{ err error }
-
-func (e permanentError) Error() string { return e.err.Error() }
-func (e permanentError) Unwrap() error { return e.err }
-
 // Permanent marks err as not worth retrying: the message is dead-lettered
-// at once.
-func Permanent(err error) error {
-	if err == nil {
-		return nil
-	}
-	return permanentError{err}
-}
+// at once. It is inbox.Permanent, so there is one notion of permanent: the
+// result matches inbox.ErrPermanent, and a handler run in steps
+// (Config.Steps) that returns it has its completed steps compensated
+// before the message is dead-lettered. The error reads and unwraps as err; Permanent(nil) is
+// nil.
+func Permanent(err error) error { return inbox.Permanent(err) }
 
-// IsPermanent reports whether err was marked with Permanent.
-func IsPermanent(err error) bool {
-	var p permanentError
-	return errors.As(err, &p)
-}
+// IsPermanent reports whether err was marked with Permanent (or
+// inbox.Permanent): errors.Is(err, inbox.ErrPermanent).
+func IsPermanent(err error) bool { return errors.Is(err, inbox.ErrPermanent) }
 
 // PanicError is a handler panic turned into an error.
 type PanicError struct {
@@ -339,6 +348,9 @@ func (p *Processor) Process(ctx context.Context, m *Message) Decision {
 	req := p.request(m)
 	if err := p.cfg.Ledger.Validate(req); err != nil {
 		return p.deadLetter(ctx, m, err, false)
+	}
+	if p.cfg.Steps {
+		return p.processSteps(ctx, m, req)
 	}
 	start := time.Now()
 	var out inbox.Outcome

@@ -44,7 +44,8 @@ type RunLimits struct {
 // (Process), up to the first that is not acked; when the database is
 // unavailable they are retried uncounted. A single message, and a message
 // without an ID at the head, go through Process: batching adds no cost
-// when nothing else is waiting.
+// when nothing else is waiting. With Config.Steps every run is one message
+// (Process): steps handlers never share a transaction.
 func (p *Processor) ProcessRun(ctx context.Context, msgs []*Message, lim RunLimits) []Decision {
 	if len(msgs) == 0 {
 		return nil
@@ -55,6 +56,9 @@ func (p *Processor) ProcessRun(ctx context.Context, msgs []*Message, lim RunLimi
 	if p.cfg.Observe {
 		// Observe mode runs each message on its own (a run of one).
 		return []Decision{p.Process(ctx, msgs[0])}
+	}
+	if p.cfg.Steps {
+		return []Decision{p.Process(ctx, msgs[0])} // each event under its own lease
 	}
 	reqs := make([]inbox.Request, 0, len(msgs))
 	for _, m := range msgs {

@@ -263,6 +263,23 @@ type MethodConfig struct {
 	// done: a missing or invalid key at WARN, a replay, a conflict or a
 	// mismatch at INFO. KeyRate does not apply.
 	Observe bool
+	// Steps runs the handler in steps (inbox.Ledger.DoSteps), outside a
+	// transaction, for work that spans Postgres and outside services: the
+	// handler reaches the call's *inbox.Steps with Steps(ctx) (Tx returns
+	// nil) and records each piece of work as a step, so that a retry with
+	// the same key resumes after the steps recorded. An answer whose code
+	// is stored (Store) completes the key and is replayed to retries; one
+	// whose code is not stored is sent as it is and leaves the recorded
+	// steps for the retry. An error marked inbox.Permanent fails the key
+	// for good, after the compensations the handler declared
+	// (Steps.Compensate); the client gets the error, and retries
+	// FailedPrecondition (KEY_FAILED). A call without a key,
+	// on an optional method, runs the handler without steps (Steps
+	// returns nil). Not with Observe or KeyRate.
+	Steps bool
+	// LeaseDuration of a steps method's lease (Steps), renewed while the
+	// handler runs. 0: the ledger's default (30 s).
+	LeaseDuration time.Duration
 	// LockWait is how long a duplicate waits for the call holding its key
 	// to finish (then it gets the replay) before answering Aborted. 0:
 	// answer at once.
@@ -357,6 +374,14 @@ func (mc MethodConfig) validate() error {
 		return configErr("Field is set but Key is not KeyFromMessage")
 	case mc.MaxKeyLen < 0 || mc.MaxKeyLen > inbox.MaxPartLen:
 		return configErr("MaxKeyLen %d is outside 1..255", mc.MaxKeyLen)
+	case mc.LeaseDuration < 0:
+		return configErr("LeaseDuration is negative")
+	case mc.LeaseDuration > 0 && !mc.Steps:
+		return configErr("LeaseDuration is set but Steps is false")
+	case mc.Steps && mc.Observe:
+		return configErr("Steps and Observe: an observed method runs its handler without the bridge")
+	case mc.Steps && mc.KeyRate != nil:
+		return configErr("Steps and KeyRate: a steps method does not limit its new keys")
 	}
 	for _, k := range mc.FingerprintMetadata {
 		if !validMetadataKey(k) {

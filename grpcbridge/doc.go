@@ -153,6 +153,16 @@
 // two; a method whose keys are shared with a consumer sets
 // inbox.PrincipalShared.
 //
+// # Steps
+//
+// MethodConfig.Steps runs a method's handler in steps
+// (inbox.Ledger.DoSteps) instead of a transaction, for work that spans
+// Postgres and outside services: the handler records its work as steps
+// through Steps(ctx), a retry with the key resumes after the steps
+// recorded, a stored answer completes the key and is replayed, and an
+// error marked inbox.Permanent fails the key for good after the declared
+// compensations.
+//
 // # Rolling out
 //
 // MethodConfig.Observe runs a method as if the bridge were absent: every

@@ -181,6 +181,9 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 	bs := &bufferedStream{method: full}
 	hctx = grpc.NewContextWithServerTransportStream(hctx, bs)
 
+	if m.Steps {
+		return b.serveSteps(ctx, hctx, md, r, ck, m, req, handler, bs)
+	}
 	var resp any
 	var herr error
 	var pv *panicked
@@ -231,6 +234,12 @@ func (b *Bridge) serve(ctx context.Context, req any, full string, m *method, han
 	case err != nil:
 		return nil, b.failure(r, err)
 	}
+	return b.done(ctx, md, req, r, ck, m, out, bs, resp, herr)
+}
+
+// done answers a call the ledger answered: the handler's answer when it
+// ran now (Executed), the stored one or the ledger's otherwise.
+func (b *Bridge) done(ctx context.Context, md metadata.MD, req any, r inbox.Request, ck callKey, m *method, out inbox.Outcome, bs *bufferedStream, resp any, herr error) (any, error) {
 	if exp, ok := bridgereq.Expiry(out, time.Now(), m.ttl, b.cfg.HandlerTimeout); ok {
 		_ = grpc.SetTrailer(ctx, metadata.Pairs(b.expiresKey, exp.UTC().Truncate(time.Second).Format(time.RFC3339)))
 	}
@@ -457,6 +466,9 @@ func (keylessTx) Rollback(context.Context) error { return inbox.ErrTxOwned }
 // serveKeyless runs a call without a key on an optional method: no dedupe,
 // but in a transaction, so that the handler has one code path.
 func (b *Bridge) serveKeyless(ctx context.Context, req any, full string, m *method, handler grpc.UnaryHandler) (any, error) {
+	if m.Steps {
+		return handler(ctx, req) // no key, no steps: Steps returns nil
+	}
 	r := inbox.Request{Key: inbox.Key{Scope: m.Scope}}
 	tx, err := bridgereq.Begin(ctx, b.cfg.Ledger.Pool(), b.cfg.AcquireWait)
 	if err != nil {

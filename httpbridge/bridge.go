@@ -139,11 +139,14 @@ func (h *handler) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	if !h.quotaOK(ctx, w, r, req) {
 		return
 	}
-	if h.rt.Lease {
+	switch {
+	case h.rt.Lease:
 		h.serveLeased(ctx, w, r, req, body)
-		return
+	case h.rt.Steps:
+		h.serveSteps(ctx, w, r, req, body)
+	default:
+		h.serveTx(ctx, w, r, req, body)
 	}
-	h.serveTx(ctx, w, r, req, body)
 }
 
 // key reads the request's key: the route's KeyFormat, then its
@@ -377,7 +380,7 @@ func (keylessTx) Rollback(context.Context) error { return inbox.ErrTxOwned }
 // dedupe, but in a transaction on transactional routes, so that the handler
 // has one code path.
 func (h *handler) serveKeyless(w http.ResponseWriter, r *http.Request) {
-	if h.rt.Lease {
+	if h.rt.Lease || h.rt.Steps {
 		h.next.ServeHTTP(w, r)
 		return
 	}

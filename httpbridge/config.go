@@ -267,8 +267,22 @@ type RouteConfig struct {
 	// mid-handler lets the lease expire and a retry runs the handler again,
 	// so the effect must itself be idempotent or fenced.
 	Lease bool
-	// LeaseDuration of lease-mode routes; renewed while the handler runs
-	// and while its result is recorded. 0: the ledger's default (30 s).
+	// Steps runs the handler in steps (inbox.Ledger.DoSteps), outside a
+	// transaction, for work that spans Postgres and outside services: the
+	// handler reaches the request's *inbox.Steps with Steps(ctx) (Tx
+	// returns nil; FencingToken returns the lease's token) and records
+	// each piece of work as a step, so that a retry with the same key
+	// resumes after the steps recorded. A response whose status is stored
+	// (Store) completes the key and is replayed to retries, as in lease
+	// mode; one whose status is not stored is sent as it is and leaves the
+	// recorded steps for the retry. FailSteps fails the key for good, after
+	// the compensations the handler declared. A request without a key, on
+	// an optional route, runs the handler without steps (Steps returns
+	// nil). Not with Lease, Observe or KeyRate.
+	Steps bool
+	// LeaseDuration of lease-mode and steps routes; renewed while the
+	// handler runs and while its result is recorded. 0: the ledger's
+	// default (30 s).
 	LeaseDuration time.Duration
 	// PrincipalKeys says whether keys are isolated per principal when
 	// Config.Principal names one. Default inbox.PrincipalIsolated; with
@@ -383,8 +397,14 @@ func (rc RouteConfig) Validate() error {
 		return configErr("MaxResponseBytes is negative")
 	case rc.LeaseDuration < 0:
 		return configErr("LeaseDuration is negative")
-	case rc.LeaseDuration > 0 && !rc.Lease:
-		return configErr("LeaseDuration is set but Lease is false")
+	case rc.LeaseDuration > 0 && !rc.Lease && !rc.Steps:
+		return configErr("LeaseDuration is set but Lease and Steps are false")
+	case rc.Steps && rc.Lease:
+		return configErr("Steps and Lease: a route runs in one mode")
+	case rc.Steps && rc.Observe:
+		return configErr("Steps and Observe: an observed route runs its handler without the bridge")
+	case rc.Steps && rc.KeyRate != nil:
+		return configErr("Steps and KeyRate: a steps route does not limit its new keys")
 	}
 	return nil
 }

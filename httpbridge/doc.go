@@ -69,6 +69,10 @@
 // instead of Tx and passes Key or the token downstream. A crash
 // mid-handler lets the lease expire and a retry runs it again, so such
 // effects are at-least-once, made safe by an idempotent downstream.
+// RouteConfig.Steps runs it in steps instead (inbox.Ledger.DoSteps): the
+// handler records its work as steps through Steps(ctx), and a retry with
+// the key resumes after the steps recorded; FailSteps fails the key for
+// good after the declared compensations.
 //
 // A route and a consumer naming the same scope share keys: a key a
 // consumer processed answers an HTTP retry with the consumer's recorded

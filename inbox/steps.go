@@ -123,7 +123,8 @@ type Steps struct {
 // DoSteps claims req.Key in lease mode with a lease of d
 // (Config.LeaseDuration when 0), like DoLeased, loads the key's recorded
 // steps, and runs fn with a *Steps, renewing the lease while fn runs (fn's
-// context is cancelled if the lease is lost). When fn returns nil its
+// context is cancelled if the lease is lost, and carries the *Steps:
+// StepsFrom). When fn returns nil its
 // Result is recorded (Executed) and replayed to later duplicates, as by
 // DoLeased: Duplicate with Outcome.Result. A key another caller holds is
 // InFlight; a known key with another fingerprint is a Mismatch.
@@ -162,9 +163,21 @@ func (l *Ledger) DoSteps(ctx context.Context, req Request, d time.Duration, fn S
 		if err := s.load(ctx, hasSteps); err != nil {
 			return Result{}, err
 		}
-		res, err := fn(ctx, s)
+		res, err := fn(context.WithValue(ctx, stepsCtxKey{}, s), s)
 		return s.finish(ctx, res, err)
 	}, s.giveUp)
+}
+
+type stepsCtxKey struct{}
+
+// StepsFrom returns the *Steps of the DoSteps attempt whose handler runs
+// with ctx (DoSteps gives its fn a context that carries them), or nil
+// outside one. It is how a handler run by a front reaches its steps: the
+// consumer fronts (consumer.Steps), the HTTP bridge (httpbridge.Steps)
+// and the gRPC bridge (grpcbridge.Steps) return it.
+func StepsFrom(ctx context.Context) *Steps {
+	s, _ := ctx.Value(stepsCtxKey{}).(*Steps)
+	return s
 }
 
 // Key returns the key the steps run for.

@@ -195,11 +195,13 @@ func Run(t *testing.T, h Harness, f Features) {
 	t.Run("RestartLosesNothing", func(t *testing.T) { testRestart(t, h) })
 	t.Run("SwallowedSQLError", func(t *testing.T) { testSwallowed(t, h, 0) })
 	t.Run("DeferredConstraintAtCommit", func(t *testing.T) { testDeferred(t, h, 0) })
+	t.Run("StepsResumeCompensateReplay", func(t *testing.T) { testSteps(t, h, 0) })
 	if f.Batch {
 		t.Run("BatchDuplicatesRunOnce", func(t *testing.T) { testDuplicates(t, h, 50) })
 		t.Run("BatchPoisonDeadLettered", func(t *testing.T) { testPoison(t, h, 20) })
 		t.Run("BatchSwallowedSQLError", func(t *testing.T) { testSwallowed(t, h, 20) })
 		t.Run("BatchDeferredConstraintAtCommit", func(t *testing.T) { testDeferred(t, h, 20) })
+		t.Run("BatchStepsResumeCompensateReplay", func(t *testing.T) { testSteps(t, h, 20) })
 	}
 	if f.SharedGroup {
 		t.Run("SharedGroupRunsOnce", func(t *testing.T) { testSharedGroup(t, h) })

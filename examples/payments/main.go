@@ -7,6 +7,13 @@
 // to Kafka, where a second service, receipts, consumes it on its own
 // ledger scope: one payment, one event, one receipt.
 //
+// The example also holds a payment in steps (package stepspay): an order
+// row, a charge at a card provider (a separate HTTP service behind
+// justonce's own HTTP bridge, which charges once per Idempotency-Key and
+// counts its charges) and a receipt, served on every front. Its test,
+// TestStepsKilledOnEveryFront, SIGKILLs that service between and inside
+// the steps and checks that each payment was charged once.
+//
 //	make demo        # starts Postgres, Redis, Kafka; NATS is embedded here
 package main
 

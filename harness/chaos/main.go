@@ -69,6 +69,13 @@
 //     node leading the stream is killed, a new leader elected, and the node
 //     restarted on its file store; -nats-restarts then restart a node that
 //     leads nothing;
+//   - SIGKILLs of a payment service in steps (-steps-kills, -steps-payments),
+//     once the run's other faults are over: the payments example's service
+//     in steps (examples/payments/stepspay: an order row, a charge at a
+//     provider behind the HTTP bridge, a receipt row) on HTTP, gRPC,
+//     kafka-go, franz-go and NATS, each payment delivered twice, killed at
+//     each point between and inside the steps in turn; every payment must
+//     end with one order, one receipt and one charge;
 //   - more fronts (-transports): franz (a franzinbox consumer group on a
 //     topic of its own) and grpc (the gRPC bridge in child processes,
 //     clients retrying with grpcretry and a key per call, -grpc-keys).
@@ -154,6 +161,8 @@ type options struct {
 	natsLeaderKills int           // the JetStream stream leader's node killed (0: a single NATS server)
 	overloads       int           // every handler stalled on the effects table for overloadFor (0: none)
 	overloadFor     time.Duration // how long an overload holds the handlers
+	stepsKills      int           // SIGKILLs of the payment service in steps (0: off)
+	stepsPayments   int           // payments a front of the steps fault
 	soak            soakOptions   // -soak: a soak run instead (soak.go)
 }
 
@@ -174,6 +183,9 @@ func (o *options) ha(name string) bool {
 func main() {
 	if len(os.Args) > 1 && os.Args[1] == "worker" {
 		os.Exit(worker(os.Args[2:]))
+	}
+	if len(os.Args) > 1 && os.Args[1] == "steps-worker" {
+		os.Exit(stepsWorker())
 	}
 	o := parseFlags()
 	if err := o.check(); err != nil {
@@ -234,6 +246,8 @@ func parseFlags() options {
 	flag.IntVar(&o.overloads, "overloads", 0, "overload the ledger's Postgres this many times: a SHARE lock on the effects table holds every handler's INSERT, with its connection, for -overload-for, so that the workers' pools fill, the HTTP and gRPC bridges shed (503 overloaded, Unavailable OVERLOADED) and the clients retry, and the consumers stall with their fetches paused (0: none)")
 	flag.DurationVar(&o.overloadFor, "overload-for", 3*time.Second, "how long each -overloads episode holds the handlers (over the bridges' AcquireWait, 1 s, for them to shed)")
 	flag.IntVar(&o.natsLeaderKills, "nats-leader-kills", 0, "run NATS as a three-node JetStream cluster (streams with Replicas 3) and kill the node leading the stream this many times (0: a single NATS server)")
+	flag.IntVar(&o.stepsKills, "steps-kills", 0, "after the run, SIGKILL the payment service in steps (examples/payments/stepspay, on every front) this many times, between and inside its steps, and check each payment was charged once (0: off)")
+	flag.IntVar(&o.stepsPayments, "steps-payments", 200, "payments a front with -steps-kills")
 	o.soak.flags(flag.CommandLine)
 	flag.Parse()
 	return o
@@ -251,6 +265,9 @@ func (o *options) check() error {
 	}
 	if o.overloads < 0 || o.overloadFor <= 0 {
 		return fmt.Errorf("-overloads is negative or -overload-for not positive")
+	}
+	if o.stepsKills < 0 || (o.stepsKills > 0 && o.stepsPayments < 1) {
+		return fmt.Errorf("-steps-kills is negative, or -steps-payments under 1")
 	}
 	return nil
 }

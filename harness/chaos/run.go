@@ -52,6 +52,9 @@ func run(ctx context.Context, o options, sk *soakRun) (sum *summary, err error) 
 	if err := e.judge(ctx, stopped); err != nil {
 		return sum, err
 	}
+	if sk == nil {
+		e.runSteps(ctx)
+	}
 	if sk != nil {
 		sk.judge(ctx, e)
 	}

@@ -6,6 +6,8 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+
+	"github.com/justonce/justonce/examples/payments/stepspay"
 )
 
 // Fault kinds, as counted in the summary.
@@ -28,7 +30,7 @@ const (
 	fOverload = "overload (effects locked)"
 )
 
-var faultOrder = []string{fKill, fRelayKill, fRedis, fPgTerminate, fPgCrash, fKafkaCrash, fNatsRestart, fNet, fRelease}
+var faultOrder = []string{fKill, fRelayKill, fRedis, fPgTerminate, fPgCrash, fKafkaCrash, fNatsRestart, fNet, fRelease, fStepsKill}
 
 // haFaultOrder are the failovers, in the summary only when asked for.
 var haFaultOrder = []string{fPgFailover, fRedisFailover, fNatsLeader}
@@ -66,8 +68,9 @@ type summary struct {
 	hopLost, hopDoubled, hopLeaked           map[string]int
 	hopLedger                                map[string][2]int // scope -> done, failed
 	hopHTTPMismatched                        int
-	relayKillsBusy                           int // relay kills while outbox rows were waiting
-	relayKillRows                            int // outbox rows waiting at those kills
+	relayKillsBusy                           int              // relay kills while outbox rows were waiting
+	relayKillRows                            int              // outbox rows waiting at those kills
+	steps                                    *stepspay.Report // the steps fault's (nil: off)
 	took                                     time.Duration
 	problems                                 []string
 }
@@ -158,6 +161,8 @@ func (s *summary) printFaults(w io.Writer) {
 // faultExtra is what the summary says after a fault kind's count.
 func (s *summary) faultExtra(f string) string {
 	switch f {
+	case fStepsKill:
+		return s.stepsExtra()
 	case fKill:
 		extra := fmt.Sprintf(" (+%d workers exited on their own)", s.obs.crashes)
 		if len(s.killsBy) > 0 {
