@@ -81,6 +81,6 @@ func exportedNames(t *testing.T) map[string]bool {
 		require.NotNil(t, m, d.String())
 		names[m[1]] = true
 	}
-	require.Len(t, names, 26)
+	require.Len(t, names, 27)
 	return names
 }
