@@ -160,7 +160,10 @@ func (e *env) startKafka(transport string) error {
 // the producer, and the consumer processes.
 func (e *env) startNATS(ctx context.Context) error {
 	e.sum.transports = append(e.sum.transports, "nats")
-	js, err := jetstream.New(e.nc)
+	// An ack lost with a node that was killed would leave its future
+	// pending for good, and PublishAsyncComplete never done: time such
+	// futures out, so that the emit's republish sends them again.
+	js, err := jetstream.New(e.nc, jetstream.WithPublishAsyncTimeout(10*time.Second))
 	if err != nil {
 		return err
 	}
