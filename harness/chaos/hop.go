@@ -554,7 +554,22 @@ func (h *hops) finish(ctx context.Context) {
 		h.published[pipe]++
 	}
 	if h.kn && h.js != nil {
-		h.readErr = errors.Join(h.readErr, readStream(ctx, h.js, hopStream, func(src, run string) { note(pipeKN, src, run) }))
+		// The JetStream cluster may still be electing a leader after the
+		// last fault ("no responders"): read the stream again, from the
+		// start, until it answers or the deadline passes.
+		deadline := time.Now().Add(time.Minute)
+		for {
+			err := readStream(ctx, h.js, hopStream, func(src, run string) { note(pipeKN, src, run) })
+			if err == nil || ctx.Err() != nil || time.Now().After(deadline) {
+				h.readErr = errors.Join(h.readErr, err)
+				break
+			}
+			fmt.Fprintf(errOut, "chaos: reading the hop's stream: %v (retrying)\n", err)
+			h.runs[pipeKN], h.published[pipeKN] = map[string]map[string]bool{}, 0
+			if consumer.Sleep(ctx, time.Second) != nil {
+				break
+			}
+		}
 	}
 	if h.hk {
 		h.readErr = errors.Join(h.readErr, readTopic(ctx, h.brokers, h.topic, 4, func(src, run string) { note(pipeHK, src, run) }))
