@@ -63,3 +63,7 @@ func RowColumns() []string {
 // SetSavepointsOnly makes every DoEach run of l go on savepoints (on:
 // true) or try the optimistic path first (false), for benchmarks.
 func SetSavepointsOnly(l *Ledger, on bool) { l.savepointsOnly = on }
+
+// OnStoreOpen makes f run as each caller starts finding out the ledger's
+// layout (before its first use), for tests.
+func (l *Ledger) OnStoreOpen(f func()) { l.store.onOpen = f }

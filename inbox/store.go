@@ -270,7 +270,15 @@ type querier interface {
 }
 
 // storeSlot holds a ledger's store, chosen at its first use: the layout is
-// found out from the database, once.
+// found out from the database.
+//
+// No caller waits on another's finding out: each caller that arrives
+// before the store is known finds it out on its own querier, and the
+// first answer is kept. A caller holding a connection of the pool (a
+// claim with AcquireWait, Do's connection) that waited on a lock held by
+// one finding out through the pool would hold that connection while the
+// other waited for one: with more first calls at once than the pool has
+// connections, neither would move again.
 type storeSlot struct {
 	rows *rowStore // valid on both layouts, at once
 	// plain is built with the ledger, so that its first claim on the
@@ -278,8 +286,11 @@ type storeSlot struct {
 	// are built then, on that layout).
 	plain *plainStore
 	ready atomic.Bool
-	mu    sync.Mutex
+	mu    sync.Mutex  // guards setting s
 	s     ledgerStore // set once ready
+	// onOpen, when set (by tests), is called as a caller starts finding
+	// out the layout.
+	onOpen func()
 }
 
 func newStoreSlot(schema string) *storeSlot {
@@ -287,24 +298,26 @@ func newStoreSlot(schema string) *storeSlot {
 	return &storeSlot{rows: rows, plain: newPlainStore(rows)}
 }
 
-// get returns the layout's store, finding out the layout on q at the
-// first call.
+// get returns the layout's store, finding out the layout on q while it
+// is not known yet.
 func (o *storeSlot) get(ctx context.Context, q querier) (ledgerStore, error) {
 	if o.ready.Load() {
 		return o.s, nil
 	}
-	o.mu.Lock()
-	defer o.mu.Unlock()
-	if o.ready.Load() {
-		return o.s, nil
+	if o.onOpen != nil {
+		o.onOpen()
 	}
 	s, err := o.open(ctx, q)
 	if err != nil {
 		return nil, fmt.Errorf("ledger layout: %w", err)
 	}
-	o.s = s
-	o.ready.Store(true)
-	return s, nil
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if !o.ready.Load() {
+		o.s = s
+		o.ready.Store(true)
+	}
+	return o.s, nil
 }
 
 // open finds out the table's layout and returns its store.
