@@ -66,7 +66,7 @@ func LaneKeys(n int) []string {
 }
 
 // MemoryPerInFlight reports the Go heap a front holds per message in
-// flight, as the metric heap-B/in-flight-msg: the front's Consumer runs;
+// flight, as the metric heap-B/in-flight: the front's Consumer runs;
 // each round publishes f.InFlight messages (MemoryPayload bytes, the ID
 // header, a key each from LaneKeys), waits until every one is in its
 // handler, which blocks, inside its ledger transaction, and reads the live heap against
@@ -153,5 +153,5 @@ func MemoryPerInFlight(b *testing.B, f MemoryFront) {
 			sum += float64(int64(during.HeapAlloc)-int64(before.HeapAlloc)) / float64(n)
 		}
 	}
-	b.ReportMetric(sum/float64(max(b.N, 1)), "heap-B/in-flight-msg")
+	b.ReportMetric(sum/float64(max(b.N, 1)), "heap-B/in-flight")
 }
