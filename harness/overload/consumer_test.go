@@ -281,8 +281,8 @@ func (f front) bound() int64 { return (maxBuffered+batchSize)*msgSize + f.client
 // Offered twice what its handler can take, a Kafka consumer falls behind
 // with its memory flat: fetching pauses while MaxBuffered messages wait,
 // so the backlog stays in the broker. Its live heap, measured a third of
-// the way into the load and at its end, grows by less than MaxBuffered
-// messages and the client's buffer, while the backlog grows by hundreds;
+// the way into the load and at its end, grows by less than its buffers
+// hold (see bound), while the backlog grows by hundreds;
 // then it drains the backlog, every event once. Both Kafka fronts:
 // kafkainbox (kafka-go) and franzinbox (franz-go).
 func TestOverloadKafkaConsumerMemoryFlat(t *testing.T) {
