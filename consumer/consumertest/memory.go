@@ -66,20 +66,20 @@ func LaneKeys(n int) []string {
 }
 
 // MemoryPerInFlight reports the Go heap a front holds per message in
-// flight, as the metric heap-B/in-flight: the front's Consumer runs;
-// each round publishes f.InFlight messages (MemoryPayload bytes, the ID
-// header, a key each from LaneKeys), waits until every one is in its
-// handler, which blocks, inside its ledger transaction, and reads the live heap against
-// the one read before the round was published; then releases them and
-// waits until every one has committed. What the difference holds is what
-// the messages cost from the broker's socket to the handler: the broker
-// client's copies and buffers, the front's and the runtime's. The
+// flight, as the metric heap-B/in-flight: the front's Consumer runs; each
+// round publishes f.InFlight messages (MemoryPayload bytes, the ID header,
+// a key each from LaneKeys), waits until every one is in its handler,
+// which blocks, inside its ledger transaction, and reads the live heap
+// against the one read before the round was published; then releases
+// them and waits until every one has committed. What the difference holds
+// is what the messages cost from the broker's socket to the handler: the
+// broker client's copies and buffers, the front's and the runtime's. The
 // consumer's fixed costs (connections, the broker client's own buffers
 // when idle) are in both readings. A first round, unmeasured, warms up:
 // each of the pool's connections runs the ledger's statements (what pgx
 // keeps per connection is not per message), and the broker client
-// reaches its working size. Each iteration of b is a measured round; the metric is
-// their mean, so -benchtime 1x reads what 3x does.
+// reaches its working size. Each iteration of b is a measured round; the
+// metric is their mean, so -benchtime 1x reads what 3x does.
 //
 // The heap is the whole process's: run the broker in another process
 // (a NATS server embedded in the test binary would be counted) and
