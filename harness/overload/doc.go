@@ -14,13 +14,20 @@
 //     logs the p99 latency of the attempts admitted against an unloaded
 //     baseline, as a ratio (a report, not an assertion: it depends on the
 //     machine and on AcquireWait);
-//   - the Kafka consumers (kafkainbox, franzinbox) fall behind with
+//   - the consumers (kafkainbox, franzinbox, natsinbox) fall behind with
 //     bounded memory: their fetches pause while MaxBuffered messages wait,
 //     the backlog stays in the broker, and their live heap measured at two
-//     points of the run grows by less than MaxBuffered times the message
-//     size plus the broker client's own buffer; then they drain the
-//     backlog, every event once.
+//     points of the run grows by less than what their buffers hold: the
+//     MaxBuffered messages waiting and a batch running (BatchSize), times
+//     the message size, plus the broker client's own buffer; then they
+//     drain the backlog, every event once;
+//   - the same consumers offered half what they take, then a burst of ten
+//     times that: their live heap during the burst stays within that bound
+//     plus a stated slack above the heap of the steady load, the backlog
+//     grows in the broker, and every event runs once afterwards.
 //
 // It uses the shared services (.services.env): Postgres, and Kafka for the
-// consumer. The package holds tests only.
+// Kafka consumers. The NATS cases run a nats-server of their own in a child
+// process (testsvc.StartNATSProcess), so that the heap measured is the
+// consumer's alone. The package holds tests only.
 package overload

@@ -86,9 +86,14 @@ type Config struct {
 	//     batches.
 	//   - Ordering must be consumer.ByPartition: NATS messages have no key.
 	//   - MaxBuffered defaults to DefaultMaxBuffered (64): it is how many
-	//     messages Consume pulls ahead (jetstream.PullMaxMessages).
-	//     Messages waiting for a worker are not kept InProgress: keep
-	//     MaxBuffered × handler time / Concurrency well under AckWait.
+	//     messages may wait in the lane, and how many Consume pulls ahead
+	//     (jetstream.PullMaxMessages). The consumer takes a pulled message
+	//     from the client only when the lane has room, so while it is full
+	//     up to MaxBuffered more wait in the client: at most twice
+	//     MaxBuffered messages wait, besides the batches running, whatever
+	//     the stream's backlog. Messages waiting for a worker are not kept
+	//     InProgress: keep 2 × MaxBuffered × handler time / Concurrency
+	//     well under AckWait.
 	//   - BatchSize batches JetStream's messages (the messages pulled and
 	//     waiting, acked one by one after their transaction commits).
 	//     Core NATS runs one message per transaction: there BatchSize may

@@ -81,10 +81,13 @@
 // to process may run up to MaxAttempts times in each, never fewer. A
 // handler cancelled by Config.ShutdownTimeout does not count.
 //
-// Keep Config.MaxBuffered times the handler's duration, divided by
-// Config.Concurrency, well under AckWait: pulled messages waiting for a
-// worker are not kept InProgress (a redelivered copy is answered by the
-// ledger rather than run twice).
+// Up to Config.MaxBuffered pulled messages wait in the consumer's lane and
+// as many in the NATS client while the lane is full, so its memory is
+// bounded by twice MaxBuffered messages (and the batches running),
+// whatever the stream's backlog. Keep twice MaxBuffered times the
+// handler's duration, divided by Config.Concurrency, well under AckWait:
+// pulled messages waiting for a worker are not kept InProgress (a
+// redelivered copy is answered by the ledger rather than run twice).
 //
 // # Server restarts
 //

@@ -8,15 +8,13 @@ import (
 )
 
 // TestMain runs the tests, or, in a child process started by a test, the
-// child's part: a NATS server to be killed and restarted (serverChild).
+// child's part: a NATS server to be killed and restarted (testsvc.NATSProcessChild).
 // (The conformance suite's crash case re-runs TestConformance instead.)
 // The examples read the service addresses from the environment, as a
 // program would: TestMain exports those of .services.env that the
 // environment does not set.
 func TestMain(m *testing.M) {
-	if os.Getenv(envServerChild) != "" {
-		serverChild()
-	}
+	testsvc.NATSProcessChild()
 	if v := testsvc.Getenv(testsvc.EnvPostgres); v != "" {
 		_ = os.Setenv(testsvc.EnvPostgres, v)
 	}

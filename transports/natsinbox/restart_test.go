@@ -2,20 +2,12 @@ package natsinbox
 
 import (
 	"context"
-	"fmt"
-	"net"
-	"os"
-	"os/exec"
-	"path/filepath"
 	"strconv"
-	"strings"
 	"sync/atomic"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/stretchr/testify/require"
 
@@ -23,79 +15,6 @@ import (
 	"github.com/justonce/justonce/harness/testsvc"
 	"github.com/justonce/justonce/inbox"
 )
-
-// Environment of the NATS server child process: "<store dir>:<port>".
-const envServerChild = "JUSTONCE_NATS_SERVER_CHILD"
-
-// serverChild runs a NATS server with JetStream on a file store, with the
-// server's default sync setting (fsync every 2 minutes), until it is
-// killed.
-func serverChild() {
-	v := os.Getenv(envServerChild)
-	i := strings.LastIndex(v, ":")
-	dir := v[:max(i, 0)]
-	p, err := strconv.Atoi(v[i+1:])
-	if err == nil {
-		var ns *server.Server
-		ns, err = server.NewServer(&server.Options{Host: "127.0.0.1", Port: p, JetStream: true, StoreDir: dir, NoLog: true, NoSigs: true})
-		if err == nil {
-			ns.Start()
-			if ns.ReadyForConnections(20 * time.Second) {
-				select {}
-			}
-			err = fmt.Errorf("not ready")
-		}
-	}
-	fmt.Fprintf(os.Stderr, "server child: %v\n", err)
-	os.Exit(2)
-}
-
-// natsProcess is a NATS server in a child process.
-type natsProcess struct {
-	cmd *exec.Cmd
-	url string
-}
-
-// startNATSProcess starts a server storing under dir on port and waits
-// until it accepts connections. The caller kills it.
-func startNATSProcess(t *testing.T, dir string, port int) *natsProcess {
-	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), envServerChild+"="+dir+":"+strconv.Itoa(port))
-	cmd.Stderr = os.Stderr
-	require.NoError(t, cmd.Start())
-	p := &natsProcess{cmd: cmd, url: fmt.Sprintf("nats://127.0.0.1:%d", port)}
-	deadline := time.Now().Add(20 * time.Second)
-	for {
-		nc, err := nats.Connect(p.url)
-		if err == nil {
-			nc.Close()
-			return p
-		}
-		if time.Now().After(deadline) {
-			p.kill()
-			t.Fatalf("NATS server process not ready: %v", err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
-// kill SIGKILLs the server (once) and waits for it to exit.
-func (p *natsProcess) kill() {
-	if p.cmd.ProcessState != nil {
-		return
-	}
-	_ = p.cmd.Process.Signal(syscall.SIGKILL)
-	_ = p.cmd.Wait()
-}
-
-func freePort(t *testing.T) int {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	require.NoError(t, err)
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // The NATS server process is SIGKILLed while handlers are in flight and
 // restarted on the same file store and port; the consumer reconnects by
@@ -105,13 +24,11 @@ func freePort(t *testing.T) int {
 // the deliveries whose acks the crash lost are answered from the ledger.
 func TestNATSServerKilledFileStore(t *testing.T) {
 	t.Parallel()
-	dir, port := filepath.Join(t.TempDir(), "js"), freePort(t)
-	srv := startNATSProcess(t, dir, port)
-	t.Cleanup(func() { srv.kill() }) // the last server, after the test's other cleanups
-	nc, err := nats.Connect(srv.url, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
+	srv := testsvc.StartNATSProcess(t)
+	nc, err := nats.Connect(srv.URL, nats.MaxReconnects(-1), nats.ReconnectWait(50*time.Millisecond))
 	require.NoError(t, err)
 	t.Cleanup(nc.Close)
-	e := &env{url: srv.url, nc: nc, js: mustJS(t, nc)}
+	e := &env{url: srv.URL, nc: nc, js: mustJS(t, nc)}
 	fx := newFixture(t)
 	subject := testsvc.Unique("restart")
 	stream := e.stream(t, subject, 0)
@@ -157,11 +74,11 @@ func TestNATSServerKilledFileStore(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("no handler reached the barrier")
 	}
-	srv.kill()
+	srv.Kill(t)
 	require.Positive(t, inFlight.Load(), "handlers in flight when the server died")
 	done := fx.pg.Count(t, `SELECT count(*) FROM effects`)
 	require.Less(t, done, n, "work left when the server died")
-	srv = startNATSProcess(t, dir, port)
+	srv.Start(t)
 	restarted := time.Now()
 	close(release)
 	armed.Store(false)

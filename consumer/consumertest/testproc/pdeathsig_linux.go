@@ -5,7 +5,9 @@ import (
 	"syscall"
 )
 
-// dieWithParent has the kernel SIGKILL the child when the parent dies.
-func dieWithParent(cmd *exec.Cmd) {
+// DieWithParent has the kernel SIGKILL cmd's process, once started, when
+// this process dies (Start does it for its children; a test that starts a
+// process of its own with os/exec may call it before cmd.Start).
+func DieWithParent(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }

@@ -4,6 +4,6 @@ package testproc
 
 import "os/exec"
 
-// dieWithParent does nothing: only Linux kills a child when its parent
+// DieWithParent does nothing: only Linux kills a child when its parent
 // dies; Start's cleanup kills it when the test ends.
-func dieWithParent(*exec.Cmd) {}
+func DieWithParent(*exec.Cmd) {}

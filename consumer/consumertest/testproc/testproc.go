@@ -66,7 +66,7 @@ func Start(t testing.TB, name string, env []string, args ...string) *Proc {
 	p.cmd = exec.Command(os.Args[0], args...)
 	p.cmd.Env = append(os.Environ(), env...)
 	p.cmd.Stdout, p.cmd.Stderr = &p.out, &p.out
-	dieWithParent(p.cmd)
+	DieWithParent(p.cmd)
 	if err := p.cmd.Start(); err != nil {
 		t.Fatalf("testproc: start %s: %v", name, err)
 	}

@@ -3,6 +3,8 @@ package lanes
 import (
 	"hash/fnv"
 	"testing"
+
+	"github.com/justonce/justonce/consumer/consumertest"
 )
 
 func TestKeyBucketIsFNV1aModuloLanes(t *testing.T) {
@@ -15,5 +17,19 @@ func TestKeyBucketIsFNV1aModuloLanes(t *testing.T) {
 	}
 	if keyBucket(nil, 4) != -1 || keyBucket([]byte("k"), 1) != -1 {
 		t.Fatal("an empty key or a single lane must give -1")
+	}
+}
+
+// consumertest.LaneKeys, which the fronts' memory benchmarks use to run
+// every message at once, gives keys of as many different lanes.
+func TestLaneKeysFallInDifferentLanes(t *testing.T) {
+	for _, n := range []int{2, 7, 40} {
+		seen := map[int]bool{}
+		for _, k := range consumertest.LaneKeys(n) {
+			seen[keyBucket([]byte(k), n)] = true
+		}
+		if len(seen) != n {
+			t.Fatalf("LaneKeys(%d): %d lanes", n, len(seen))
+		}
 	}
 }
