@@ -120,7 +120,8 @@ func bulkLoad(b *testing.B, pg *testsvc.PG, n int, expired bool) {
 // 500 calls each side (2 of 50 small), whatever b.N.
 //
 // Metrics: ratio (the median over rounds of full/empty throughput; insert
-// cost must stay flat: close to 1), ops/s and p50/p99 of each side.
+// cost must stay flat: close to 1), ops/s and p50/p99 of each side, and
+// the full ledger's table and index sizes.
 func BenchmarkLedgerAtScale(b *testing.B) {
 	sizes := []int{sized(1_000_000, 20_000)}
 	if os.Getenv("JUSTONCE_BENCH_SCALE") == "1" && !benchSmall {
@@ -185,6 +186,8 @@ func ledgerAtScale(b *testing.B, rows int) {
 	b.ReportMetric(float64(pct(fullLat, 0.99).Microseconds()), "full-p99-µs")
 	b.ReportMetric(float64(pct(fullLat, 0.99))/float64(pct(emptyLat, 0.99)), "p99-ratio")
 	b.ReportMetric(float64(rows), "rows")
+	b.ReportMetric(float64(fullPG.Count(b, `SELECT pg_table_size('processed_events')`))/(1<<20), "table-MiB")
+	b.ReportMetric(float64(fullPG.Count(b, `SELECT pg_indexes_size('processed_events')`))/(1<<20), "indexes-MiB")
 	b.ReportMetric(1e9/rate(took[1], perRound), "ns/op")
 }
 

@@ -28,7 +28,7 @@ import (
 // The scaling benchmarks' sizes: a run drains scaleBacklog events, then
 // answers scalePaced events produced one at a time at scaleRate per second.
 var (
-	scaleBacklog = sizedInt(5000, 500)
+	scaleBacklog = sizedInt(20000, 500)
 	scalePaced   = sizedInt(600, 60)
 	scaleRounds  = sizedInt(3, 1)
 )
@@ -49,8 +49,8 @@ func sizedInt(full, small int) int {
 // transaction.
 const scaleTable = `CREATE TABLE effects (event_id text NOT NULL, sent_ns bigint NOT NULL, done_at timestamptz NOT NULL DEFAULT clock_timestamp())`
 
-// scaleConsumer is a Consumer with the defaults whose handler writes the
-// scaleTable row.
+// scaleConsumer is a Consumer with the defaults (and the tests' quicker
+// group timings, tuneReader) whose handler writes the scaleTable row.
 func scaleConsumer(brokers []string, topic, group string, ledger *inbox.Ledger) (*kafkainbox.Consumer, error) {
 	return kafkainbox.New(kafkainbox.Config{
 		Brokers: brokers, Topic: topic, GroupID: group, Reader: tuneReader,
@@ -232,7 +232,7 @@ func scaleSizes(b *testing.B, unit string, sizes []int, run func(size, round int
 // with the partitions of its topic: 1, 4, 16 and 64, interleaved in rounds
 // (3, 1 under JUSTONCE_BENCH_SMALL=1; each a fresh topic and group). A
 // run waits for the group to hold its partitions and for one event per
-// partition to be handled, publishes 5,000 events (500 small) at once,
+// partition to be handled, publishes 20,000 events (500 small) at once,
 // holding the handlers back until all are published (a lock on the effect
 // table), and times their drain from the first effect to the last, by the
 // database's clock; then it produces
