@@ -74,8 +74,8 @@ func randomBody(n int) []byte {
 // the same handler without the bridge (its INSERT in a transaction of its
 // own, the response written out: bare), and the first request and the
 // replay at 100 B (the baseline; size=100B runs its three variants only).
-// 10 rounds of 40 requests per variant (2 of 4 under
-// JUSTONCE_BENCH_SMALL=1), whatever b.N.
+// 20 rounds of 200 requests per variant (40 at 1 MiB; 2 rounds of 4
+// under JUSTONCE_BENCH_SMALL=1), whatever b.N.
 //
 // Metrics: req/s and p99 of each variant; first/bare (the median over
 // rounds of the first request's throughput over bare's), first-vs-100B
@@ -123,7 +123,12 @@ func responseSize(b *testing.B, size int) {
 			require.NoError(b, v(-1-i), names[k])
 		}
 	}
-	rounds, perRound := sized(10, 2), sized(40, 4)
+	// Rounds long enough to read a ratio from (tens of milliseconds at
+	// least): 200 requests per variant, 40 where each stores 1 MiB.
+	rounds, perRound := sized(20, 2), sized(200, 4)
+	if size >= 1<<20 {
+		perRound = sized(40, 4)
+	}
 	var took [][]time.Duration // per variant, per round
 	var lat [][]time.Duration  // per variant, per request
 	b.ResetTimer()

@@ -120,8 +120,9 @@ func bulkLoad(b *testing.B, pg *testsvc.PG, n int, expired bool) {
 // 500 calls each side (2 of 50 small), whatever b.N.
 //
 // Metrics: ratio (the median over rounds of full/empty throughput; insert
-// cost must stay flat: close to 1), ops/s and p50/p99 of each side, and
-// the full ledger's table and index sizes.
+// cost must stay flat: close to 1), ops/s and p50/p99 of each side, the
+// pages one key's look-up reads in each (lookup-pages), and the full
+// ledger's table and index sizes.
 func BenchmarkLedgerAtScale(b *testing.B) {
 	sizes := []int{sized(1_000_000, 20_000)}
 	if os.Getenv("JUSTONCE_BENCH_SCALE") == "1" && !benchSmall {
@@ -132,6 +133,24 @@ func BenchmarkLedgerAtScale(b *testing.B) {
 			ledgerAtScale(b, rows)
 		})
 	}
+}
+
+// lookupPages is how many pages the look-up of one ledger row reads, by
+// EXPLAIN (ANALYZE, BUFFERS): the primary key's levels, root to leaf, and
+// the row's heap page.
+func lookupPages(b *testing.B, pg *testsvc.PG, scope, id string) int {
+	var plan []struct {
+		Plan struct {
+			Hit  int `json:"Shared Hit Blocks"`
+			Read int `json:"Shared Read Blocks"`
+			Rows int `json:"Actual Rows"`
+		}
+	}
+	require.NoError(b, pg.Pool.QueryRow(context.Background(), `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
+		SELECT status FROM processed_events WHERE scope = $1 AND tenant = '' AND event_id = $2`, scope, id).Scan(&plan))
+	require.Len(b, plan, 1)
+	require.Equal(b, 1, plan[0].Plan.Rows, "the row looked up exists")
+	return plan[0].Plan.Hit + plan[0].Plan.Read
 }
 
 // countName writes n as 20k, 1M, 10M.
@@ -153,7 +172,7 @@ func ledgerAtScale(b *testing.B, rows int) {
 		require.NoError(b, err)
 		return pg, l
 	}
-	_, empty := ledger()
+	emptyPG, empty := ledger()
 	fullPG, full := ledger()
 	b.StopTimer()
 	bulkLoad(b, fullPG, rows, false)
@@ -186,6 +205,8 @@ func ledgerAtScale(b *testing.B, rows int) {
 	b.ReportMetric(float64(pct(fullLat, 0.99).Microseconds()), "full-p99-µs")
 	b.ReportMetric(float64(pct(fullLat, 0.99))/float64(pct(emptyLat, 0.99)), "p99-ratio")
 	b.ReportMetric(float64(rows), "rows")
+	b.ReportMetric(float64(lookupPages(b, emptyPG, "scale", fmt.Sprintf("0-0-%d", perRound/2))), "empty-lookup-pages")
+	b.ReportMetric(float64(lookupPages(b, fullPG, "bulk", fmt.Sprintf("evt-%d", rows/2))), "full-lookup-pages")
 	b.ReportMetric(float64(fullPG.Count(b, `SELECT pg_table_size('processed_events')`))/(1<<20), "table-MiB")
 	b.ReportMetric(float64(fullPG.Count(b, `SELECT pg_indexes_size('processed_events')`))/(1<<20), "indexes-MiB")
 	b.ReportMetric(1e9/rate(took[1], perRound), "ns/op")
