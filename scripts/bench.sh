@@ -36,7 +36,7 @@
 #                           (min-max) over the rounds.
 #   BENCH_RESULTS           write the results file here instead.
 #   BENCH_COMMAND           the command to name in the results (make bench sets it).
-# Full logs go to bench.out. A default run takes about 10 minutes on 2 cores.
+# Full logs go to bench.out. A default run takes about 13 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 

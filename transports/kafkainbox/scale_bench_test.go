@@ -128,6 +128,9 @@ func scaleRun(b *testing.B, pg *testsvc.PG, brokers []string, topic string, part
 		cancel()
 	}
 	waitEffects(b, pg, "p-%", scalePaced)
+	// Every event once: the measurement counts what exactly-once costs.
+	require.Equal(b, partitions+scaleBacklog+scalePaced, pg.Count(b, `SELECT count(*) FROM effects`), "effects")
+	require.Equal(b, partitions+scaleBacklog+scalePaced, pg.Count(b, `SELECT count(DISTINCT event_id) FROM effects`), "events")
 	rows, err := pg.Pool.Query(ctx, `SELECT (extract(epoch FROM done_at) * 1e9)::bigint - sent_ns FROM effects WHERE event_id LIKE 'p-%'`)
 	require.NoError(b, err)
 	ns, err := pgx.CollectRows(rows, pgx.RowTo[int64])
