@@ -81,8 +81,10 @@ type scaleResult struct {
 // stable): it publishes one event per partition and waits until they are
 // handled, then publishes scaleBacklog events at once, holding the
 // handlers back until all are published, and times their drain from the
-// first effect to the last (database clock), then produces scalePaced events one at a time at scaleRate per second
-// and reads their latencies. It empties the tables first.
+// first effect to the last (database clock); then it produces scalePaced
+// events one at a time, scaleRate per second, and reads their latencies.
+// It empties the tables first, and fails unless every event took effect
+// once.
 func scaleRun(b *testing.B, pg *testsvc.PG, brokers []string, topic string, partitions int) scaleResult {
 	b.Helper()
 	pg.Exec(b, `TRUNCATE effects, processed_events`)
