@@ -46,7 +46,7 @@ failover: services-up
 	$(GO) test -race -count=1 -v -timeout 15m ./harness/failover
 
 # bench: every benchmark, each sizing its own work and measuring its baseline
-# interleaved with it in the same run; prints the ratios (about 10 minutes).
+# interleaved with it in the same run; prints the ratios (about 13 minutes).
 # JUSTONCE_BENCH_SMALL=1: a few short rounds of each (CI); JUSTONCE_BENCH_SCALE=1:
 # the 10-million-row sizes, the simulated retention week and the claims in steady
 # retention; BENCH_ROUNDS=3: the whole set three times, each value's median and

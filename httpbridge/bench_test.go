@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -68,6 +69,43 @@ func sized(full, small int) int {
 	return full
 }
 
+// measure runs perRound calls of f on workers goroutines, f(i) with i from
+// first on, and returns how long they took together and each call's
+// latency, sorted. The first error fails the benchmark.
+func measure(b *testing.B, workers, perRound, first int, f func(i int) error) (time.Duration, []time.Duration) {
+	b.Helper()
+	var next atomic.Int64
+	var failed atomic.Pointer[error]
+	var wg sync.WaitGroup
+	lat := make([]time.Duration, perRound)
+	start := time.Now()
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1)) - 1
+				if i >= perRound || failed.Load() != nil {
+					return
+				}
+				t0 := time.Now()
+				if err := f(first + i); err != nil {
+					failed.CompareAndSwap(nil, &err)
+					return
+				}
+				lat[i] = time.Since(t0)
+			}
+		}()
+	}
+	wg.Wait()
+	if e := failed.Load(); e != nil {
+		b.Fatal(*e)
+	}
+	took := time.Since(start)
+	slices.Sort(lat)
+	return took, lat
+}
+
 // compare measures base and subject side by side, as the inbox
 // benchmarks do: a fixed number of rounds (not b.N), each running
 // perRound operations of both on workers goroutines, alternating which
@@ -77,34 +115,10 @@ func sized(full, small int) int {
 func compare(b *testing.B, workers, rounds, perRound int, base, subject func(i int) error) {
 	b.Helper()
 	seq := 0
-	measure := func(f func(i int) error) time.Duration {
-		var next atomic.Int64
-		var failed atomic.Pointer[error]
-		var wg sync.WaitGroup
-		first := seq
+	run := func(f func(i int) error) time.Duration {
+		took, _ := measure(b, workers, perRound, seq, f)
 		seq += perRound
-		start := time.Now()
-		for w := 0; w < workers; w++ {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for {
-					i := int(next.Add(1)) - 1
-					if i >= perRound || failed.Load() != nil {
-						return
-					}
-					if err := f(first + i); err != nil {
-						failed.CompareAndSwap(nil, &err)
-						return
-					}
-				}
-			}()
-		}
-		wg.Wait()
-		if e := failed.Load(); e != nil {
-			b.Fatal(*e)
-		}
-		return time.Since(start)
+		return took
 	}
 	var baseTook, subjTook time.Duration
 	var ratios []float64
@@ -114,9 +128,9 @@ func compare(b *testing.B, workers, rounds, perRound int, base, subject func(i i
 		for r := 0; r < rounds; r++ {
 			var tb, ts time.Duration
 			if r%2 == 0 {
-				tb, ts = measure(base), measure(subject)
+				tb, ts = run(base), run(subject)
 			} else {
-				ts, tb = measure(subject), measure(base)
+				ts, tb = run(subject), run(base)
 			}
 			baseTook += tb
 			subjTook += ts
@@ -124,17 +138,23 @@ func compare(b *testing.B, workers, rounds, perRound int, base, subject func(i i
 		}
 	}
 	b.StopTimer()
-	sort.Float64s(ratios)
-	ratio := ratios[len(ratios)/2]
-	if len(ratios)%2 == 0 {
-		ratio = (ratios[len(ratios)/2-1] + ratio) / 2
-	}
+	ratio := median(ratios)
 	baseRate := float64(rounds*perRound) / baseTook.Seconds()
 	subjRate := float64(rounds*perRound) / subjTook.Seconds()
 	b.ReportMetric(baseRate, "base-ops/s")
 	b.ReportMetric(subjRate, "ops/s")
 	b.ReportMetric(ratio, "ratio")
 	b.ReportMetric(1e9/subjRate, "ns/op")
+}
+
+// median is the median of xs (which it sorts).
+func median(xs []float64) float64 {
+	sort.Float64s(xs)
+	m := xs[len(xs)/2]
+	if len(xs)%2 == 0 {
+		m = (xs[len(xs)/2-1] + m) / 2
+	}
+	return m
 }
 
 func expect(code int, h http.Handler, key string) error {

@@ -2,6 +2,7 @@ package inbox_test
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"sort"
 	"strconv"
@@ -109,31 +110,106 @@ func bulkLoad(b *testing.B, pg *testsvc.PG, n int, expired bool) {
 	pg.Exec(b, `CHECKPOINT`)
 }
 
-// BenchmarkLedgerAtScale: per-event Do throughput and latency on an empty
-// ledger and on one holding JUSTONCE_BENCH_ROWS rows (10 million with
-// JUSTONCE_BENCH_SCALE=1 through scripts/bench.sh; 1 million by default).
-// Insert cost must stay flat: ratio close to 1. 5,000 calls each (200
-// under JUSTONCE_BENCH_SMALL=1), whatever b.N.
+// BenchmarkLedgerAtScale: per-event Do throughput and latency (8 workers,
+// a one-insert handler) on a ledger that already holds many rows, against
+// an empty ledger in the same run: two schemas, interleaved in rounds
+// (rotating which goes first), so that outside load slows both alike.
+// Sub-benchmarks by the rows loaded: rows=1M by default, and rows=10M as
+// well with JUSTONCE_BENCH_SCALE=1 (rows=20k under JUSTONCE_BENCH_SMALL=1).
+// The rows are loaded with generate_series, not through Do. 10 rounds of
+// 500 calls each side (2 of 50 small), whatever b.N.
+//
+// Metrics: ratio (the median over rounds of full/empty throughput; insert
+// cost must stay flat: close to 1), ops/s and p50/p99 of each side, the
+// pages one key's look-up reads in each (lookup-pages), and the full
+// ledger's table and index sizes.
 func BenchmarkLedgerAtScale(b *testing.B) {
-	rows := envInt("JUSTONCE_BENCH_ROWS", sized(1_000_000, 20_000))
-	pg := testsvc.Postgres(b, testsvc.MaxConns(8))
-	pg.Exec(b, `CREATE TABLE payments (id text PRIMARY KEY, amount int NOT NULL)`)
-	l, err := inbox.New(pg.Pool, inbox.Config{})
-	require.NoError(b, err)
-	n := sized(5000, 200)
-	b.ResetTimer()
-	emptyRate, emptyLat := latencies(b, l, "empty-", 8, n)
+	sizes := []int{sized(1_000_000, 20_000)}
+	if os.Getenv("JUSTONCE_BENCH_SCALE") == "1" && !benchSmall {
+		sizes = append(sizes, 10_000_000)
+	}
+	for _, rows := range sizes {
+		b.Run("rows="+countName(rows), func(b *testing.B) {
+			ledgerAtScale(b, rows)
+		})
+	}
+}
+
+// lookupPages is how many pages the look-up of one ledger row reads, by
+// EXPLAIN (ANALYZE, BUFFERS): the primary key's levels, root to leaf, and
+// the row's heap page.
+func lookupPages(b *testing.B, pg *testsvc.PG, scope, id string) int {
+	var plan []struct {
+		Plan struct {
+			Hit  int `json:"Shared Hit Blocks"`
+			Read int `json:"Shared Read Blocks"`
+			Rows int `json:"Actual Rows"`
+		}
+	}
+	require.NoError(b, pg.Pool.QueryRow(context.Background(), `EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON)
+		SELECT status FROM processed_events WHERE scope = $1 AND tenant = '' AND event_id = $2`, scope, id).Scan(&plan))
+	require.Len(b, plan, 1)
+	require.Equal(b, 1, plan[0].Plan.Rows, "the row looked up exists")
+	return plan[0].Plan.Hit + plan[0].Plan.Read
+}
+
+// countName writes n as 20k, 1M, 10M.
+func countName(n int) string {
+	switch {
+	case n >= 1_000_000 && n%1_000_000 == 0:
+		return strconv.Itoa(n/1_000_000) + "M"
+	case n >= 1_000 && n%1_000 == 0:
+		return strconv.Itoa(n/1_000) + "k"
+	}
+	return strconv.Itoa(n)
+}
+
+func ledgerAtScale(b *testing.B, rows int) {
+	ledger := func() (*testsvc.PG, *inbox.Ledger) {
+		pg := testsvc.Postgres(b, testsvc.MaxConns(8))
+		pg.Exec(b, `CREATE TABLE payments (id text PRIMARY KEY, amount int NOT NULL)`)
+		l, err := inbox.New(pg.Pool, inbox.Config{})
+		require.NoError(b, err)
+		return pg, l
+	}
+	emptyPG, empty := ledger()
+	fullPG, full := ledger()
 	b.StopTimer()
-	bulkLoad(b, pg, rows, false)
+	bulkLoad(b, fullPG, rows, false)
+	require.Equal(b, rows, fullPG.Count(b, `SELECT count(*) FROM processed_events`))
 	b.StartTimer()
-	fullRate, fullLat := latencies(b, l, "full-", 8, n)
-	b.ReportMetric(emptyRate, "empty-ops/s")
-	b.ReportMetric(fullRate, "full-ops/s")
-	b.ReportMetric(fullRate/emptyRate, "ratio")
+	rounds, perRound := sized(10, 2), sized(500, 50)
+	ledgers := [2]*inbox.Ledger{empty, full}
+	var took [2][]time.Duration // per round
+	var lat [2][]time.Duration  // per call
+	for n := 0; n < b.N; n++ {
+		took, lat = [2][]time.Duration{}, [2][]time.Duration{}
+		for r := 0; r < rounds; r++ {
+			for k := range ledgers {
+				v := (r + k) % len(ledgers)
+				ops, ls := latencies(b, ledgers[v], fmt.Sprintf("%d-%d-", n, r), 8, perRound)
+				took[v] = append(took[v], time.Duration(float64(perRound)/ops*1e9))
+				lat[v] = append(lat[v], ls...)
+			}
+		}
+	}
+	emptyLat, fullLat := lat[0], lat[1]
+	sort.Slice(emptyLat, func(i, j int) bool { return emptyLat[i] < emptyLat[j] })
+	sort.Slice(fullLat, func(i, j int) bool { return fullLat[i] < fullLat[j] })
+	b.ReportMetric(rate(took[0], perRound), "empty-ops/s")
+	b.ReportMetric(rate(took[1], perRound), "full-ops/s")
+	b.ReportMetric(speedRatio(took[1], took[0]), "ratio")
+	b.ReportMetric(float64(pct(emptyLat, 0.5).Microseconds()), "empty-p50-µs")
 	b.ReportMetric(float64(pct(emptyLat, 0.99).Microseconds()), "empty-p99-µs")
-	b.ReportMetric(float64(pct(fullLat, 0.99).Microseconds()), "full-p99-µs")
 	b.ReportMetric(float64(pct(fullLat, 0.5).Microseconds()), "full-p50-µs")
+	b.ReportMetric(float64(pct(fullLat, 0.99).Microseconds()), "full-p99-µs")
+	b.ReportMetric(float64(pct(fullLat, 0.99))/float64(pct(emptyLat, 0.99)), "p99-ratio")
 	b.ReportMetric(float64(rows), "rows")
+	b.ReportMetric(float64(lookupPages(b, emptyPG, "scale", fmt.Sprintf("0-0-%d", perRound/2))), "empty-lookup-pages")
+	b.ReportMetric(float64(lookupPages(b, fullPG, "bulk", fmt.Sprintf("evt-%d", rows/2))), "full-lookup-pages")
+	b.ReportMetric(float64(fullPG.Count(b, `SELECT pg_table_size('processed_events')`))/(1<<20), "table-MiB")
+	b.ReportMetric(float64(fullPG.Count(b, `SELECT pg_indexes_size('processed_events')`))/(1<<20), "indexes-MiB")
+	b.ReportMetric(1e9/rate(took[1], perRound), "ns/op")
 }
 
 // BenchmarkJanitorUnderLoad: p99 latency of Do while the janitor deletes

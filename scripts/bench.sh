@@ -19,11 +19,16 @@
 #                           runs them all and they cannot rot (numbers not
 #                           meant to be read): about a minute or two.
 #   JUSTONCE_BENCH_SCALE=1  the scale benchmarks at full size: a 10 million
-#                           row ledger, 1 million expired rows for the janitor,
-#                           the simulated week of retention and the claims in
-#                           steady retention (adds tens of minutes). Default:
-#                           1 million / 200,000 rows, neither of those.
-#   JUSTONCE_BENCH_ROWS, JUSTONCE_BENCH_EXPIRED  override those sizes.
+#                           row ledger (BenchmarkLedgerAtScale runs rows=10M
+#                           beside rows=1M; the layouts' comparisons fill 10
+#                           million rows), 1 million expired rows for the
+#                           janitor, the simulated week of retention and the
+#                           claims in steady retention (adds tens of
+#                           minutes). Default: 1 million / 200,000 rows,
+#                           neither of those.
+#   JUSTONCE_BENCH_ROWS, JUSTONCE_BENCH_EXPIRED  override those sizes (ROWS:
+#                           the layouts' comparisons; BenchmarkLedgerAtScale
+#                           keeps its 1M and 10M).
 #   BENCH_AREAS             space-separated packages (default: all below that exist).
 #   BENCH                   -bench regexp (default: .).
 #   BENCH_ROUNDS            run the whole set this many times (default 1); the
@@ -31,7 +36,7 @@
 #                           (min-max) over the rounds.
 #   BENCH_RESULTS           write the results file here instead.
 #   BENCH_COMMAND           the command to name in the results (make bench sets it).
-# Full logs go to bench.out. A default run takes about 10 minutes on 2 cores.
+# Full logs go to bench.out. A default run takes about 13 minutes on 2 cores.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
