@@ -21,8 +21,8 @@ import (
 
 // The proof's knobs.
 const (
-	// envStepsPayments is how many payments each front gets (default 400:
-	// 2,000 over the five fronts).
+	// envStepsPayments is how many payments each front gets (default 200:
+	// 1,000 over the five fronts).
 	envStepsPayments = "JUSTONCE_PAYMENTS_STEPS_PER_FRONT"
 	// envStepsRounds is how many runs of the payment service are
 	// SIGKILLed (default 14: each kill point twice, the fronts in turn;
@@ -80,7 +80,7 @@ func TestStepsKilledOnEveryFront(t *testing.T) {
 	rep, err := stepspay.Prove(ctx, stepspay.Config{
 		Pool: pg.Pool, PGURL: pg.URL, Brokers: testsvc.KafkaBrokers(t), NATSURL: testsvc.NATSURL(t),
 		Unique:   testsvc.Unique("t"),
-		PerFront: envInt(t, envStepsPayments, 400), Rounds: envInt(t, envStepsRounds, 14),
+		PerFront: envInt(t, envStepsPayments, 200), Rounds: envInt(t, envStepsRounds, 14),
 		Command: func(env []string) *exec.Cmd {
 			cmd := exec.Command(os.Args[0], "-test.run=^$")
 			cmd.Env = append(append(os.Environ(), envChild+"=1"), env...)
